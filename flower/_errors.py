@@ -1,0 +1,37 @@
+"""The root of flower's error hierarchy.
+
+Every error a person can cause (a bad flow path, a missing key, a corrupt file) is a
+``FlowerError`` with a one-line message and a ``hint``; the command-line front ends print
+``message`` and ``hint`` and never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class FlowerError(Exception):
+    """Root of every error flower raises on purpose."""
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __reduce__(self):  # survive pickling across a process boundary
+        return (_rebuild, (type(self), self.message, self.hint))
+
+    def one_line(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+def _rebuild(cls: type[FlowerError], message: str, hint: str) -> FlowerError:
+    err = cls.__new__(cls)
+    FlowerError.__init__(err, message, hint=hint)
+    return err
+
+
+class RunDirBusy(FlowerError):
+    """The run_dir is held by a live flower in a way that forbids this start."""
+
+
+class ConfigError(FlowerError, ValueError):
+    """Bad input from a person: a flow path, an option, a file that is not what it claims."""

@@ -1,0 +1,117 @@
+"""Owner-only files and atomic replacement.
+
+Files in the run_dir hold whole transcripts, so everything flower creates there is readable
+by its owner only: directories 0700, files 0600. Writers that must never leave half a file
+behind (lineage.json, registry records) go through :func:`atomic_write_text`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_dir(path: str | Path) -> Path:
+    """Create ``path`` (and parents) as owner-only directories; return it as a Path.
+
+    An existing directory keeps the permissions its owner gave it.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        p.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        try:
+            os.chmod(p, DIR_MODE)  # mkdir's mode is filtered by the umask
+        except OSError:
+            pass
+    return p
+
+
+def touch_private(path: str | Path) -> Path:
+    """Create ``path`` as an empty 0600 file if it does not exist yet."""
+    p = Path(path)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    os.close(fd)
+    return p
+
+
+def open_private(path: str | Path, flags: int) -> int:
+    """``os.open`` that creates files 0600 whatever the umask says."""
+    fd = os.open(path, flags, FILE_MODE)
+    if flags & os.O_CREAT:
+        try:
+            os.fchmod(fd, FILE_MODE)
+        except OSError:
+            pass
+    return fd
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename in ``path`` durable; best-effort (not every filesystem allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str | Path, text: str, *, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` through a sibling temp file and ``os.replace``.
+
+    A process killed at any instant leaves either the old file or the new one, never half
+    of either. Raises OSError; callers that must not fail (lineage) swallow it.
+    """
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    data = text.encode("utf-8")
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, p)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    if durable:
+        fsync_dir(p.parent)
+
+
+def set_aside(path: str | Path, reason: str = "corrupt") -> Path:
+    """Move a damaged file to ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]`` beside it; return the new path.
+
+    Never deletes: the bytes stay exactly as they were for a person to inspect.
+    """
+    p = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = p.with_name(f"{p.name}.{reason}-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = p.with_name(f"{p.name}.{reason}-{stamp}-{n}")
+    os.replace(p, target)
+    return target
+
+
+def _unlink_quietly(p: Path) -> None:
+    try:
+        p.unlink()
+    except OSError:
+        pass

@@ -1,0 +1,141 @@
+"""The registry of flowers that ran in a run_dir: ``runs/flowers/<run id>.json``.
+
+Each supervisor process (each run id) owns exactly one record and is the only writer of it,
+so records need no lock: every write is an atomic replace of the whole (small) file. Readers
+(``status``, a start checking for live holders) list the directory.
+
+A record is *alive* when its pid exists **and** that process started when the record says
+(psutil's create_time), so a recycled pid is never mistaken for the flower.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .fsutil import atomic_write_text, private_dir
+
+FLOWERS_DIRNAME = "flowers"
+
+# States a record can be in; "running" is only ever true of a live process.
+RUNNING = "running"
+FINISHED = "finished"
+FAILED = "failed"
+KILLED = "killed"
+INTERRUPTED = "interrupted"
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A process marker: ``YYYYmmdd-HHMMSS-<6 hex>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def process_started(pid: int) -> float | None:
+    """The start time psutil reports for ``pid``, or None if there is no such process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def is_alive(pid: int, started: float | None) -> bool:
+    """True when ``pid`` runs and is the very process that started at ``started``."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = proc.create_time()
+    except (psutil.Error, OSError):
+        return False
+    return started is None or abs(created - started) < 0.05
+
+
+@dataclass
+class FlowerRecord:
+    """One flower process that used this run_dir."""
+
+    run: str
+    flow: str
+    pid: int
+    pid_started: float | None
+    workspace: str
+    started_at: float
+    command: list[str] = field(default_factory=list)  # argv that resumes it
+    cwd: str = ""
+    steps: list[str] = field(default_factory=list)  # the flow's bare step names
+    state: str = RUNNING
+    step: str | None = None  # label of the attempt in flight
+    session_id: str | None = None
+    attempt: int = 0
+    woke: int = 0
+    updated_at: float = 0.0
+    ended_at: float | None = None
+    exit_code: int | None = None
+    # step name -> {"hash": input hash, "result": StepResult dict, "value": ctx value}
+    completed: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return is_alive(self.pid, self.pid_started)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FlowerRecord:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class Registry:
+    """The ``flowers/`` directory of one run_dir."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / FLOWERS_DIRNAME
+
+    def path_for(self, run_id: str) -> Path:
+        return self.dir / f"{run_id}.json"
+
+    def write(self, record: FlowerRecord) -> None:
+        """Replace this run's record atomically (only its own process calls this)."""
+        private_dir(self.dir)
+        record.updated_at = time.time()
+        atomic_write_text(self.path_for(record.run), record.to_json(), durable=False)
+
+    def get(self, run_id: str) -> FlowerRecord | None:
+        return _read(self.path_for(run_id))
+
+    def records(self) -> list[FlowerRecord]:
+        """Every readable record, oldest start first. Unreadable ones are skipped."""
+        try:
+            names = sorted(os.listdir(self.dir))
+        except OSError:
+            return []
+        out = [r for n in names if n.endswith(".json") and (r := _read(self.dir / n))]
+        out.sort(key=lambda r: (r.started_at, r.run))
+        return out
+
+    def live(self, *, exclude: str | None = None) -> list[FlowerRecord]:
+        """Records whose process is alive right now (optionally not counting ``exclude``)."""
+        return [r for r in self.records() if r.run != exclude and r.alive]
+
+
+def _read(path: Path) -> FlowerRecord | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            return None
+        return FlowerRecord.from_dict(data)
+    except (OSError, ValueError, TypeError):
+        return None

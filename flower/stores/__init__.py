@@ -1,0 +1,1 @@
+"""Session stores: SQLite at the bottom, trimming and pruning layered on top."""

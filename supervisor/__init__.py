@@ -1,0 +1,1 @@
+"""The flower supervisor: one parent per flower run, one child process per step attempt."""
