@@ -1,0 +1,158 @@
+"""AgentSpec and build_options: one agent's declaration, compiled to the SDK's options.
+
+Nothing here imports ``claude_agent_sdk`` at module level: that import costs about a second,
+and ``flower-super status`` or a person reading ``--help`` should not pay it. The step
+children inherit an already-imported SDK from the supervisor they are forked from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from claude_agent_sdk import ClaudeAgentOptions
+    from claude_agent_sdk.types import SessionStore
+
+# The repository's plugin/ directory (three levels up from this file); a pip install may
+# not ship it, so build_options checks is_dir() before using it.
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugin"
+
+
+@dataclass
+class CompactPolicy:
+    """The switches of the CLI's own auto-compaction, as environment variables.
+
+    The compaction algorithm lives in the CLI binary; all flower can change is whether
+    and when it fires. ``mode``: "auto" (the CLI's default), "off".
+    """
+
+    mode: str = "auto"
+    window: int | None = None
+
+    def env(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.mode == "off":
+            out["DISABLE_AUTO_COMPACT"] = "1"
+        if self.window:
+            out["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(self.window)
+        return out
+
+
+@dataclass
+class AgentSpec:
+    """The full declaration of one agent (seed 003, agent 定义)."""
+
+    name: str
+    instructions: str
+    allowed_tools: list[str] = field(default_factory=lambda: ["Read", "Glob", "Grep"])
+    disallowed_tools: list[str] = field(default_factory=list)
+    model: str | None = None
+    effort: str | None = None
+    max_turns: int | None = None
+    max_budget_usd: float | None = None
+    permission_mode: str = "default"
+    agents: dict[str, Any] | None = None
+    mcp_servers: dict[str, Any] = field(default_factory=dict)
+    hooks: dict[str, Any] | None = None
+    compact: CompactPolicy | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    glance: bool = False
+    workbench: bool = True
+    delegate_only: bool = False
+
+    def fingerprint(self) -> str:
+        """A stable digest of everything that shapes what this agent does.
+
+        Part of a step's input hash (seed 004): change the instructions, tools or model and a
+        completed step is no longer "the same step". Callables (hooks, in-process MCP servers)
+        enter by their qualified names, since their code cannot be hashed meaningfully.
+        """
+        data = {f.name: _stable(getattr(self, f.name)) for f in fields(self)}
+        raw = json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr)
+        return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
+
+
+def _stable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _stable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_stable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if callable(value):
+        return getattr(value, "__qualname__", type(value).__qualname__)
+    if hasattr(value, "__dataclass_fields__"):
+        return {f: _stable(getattr(value, f)) for f in value.__dataclass_fields__}
+    return type(value).__qualname__
+
+
+def build_options(
+    spec: AgentSpec,
+    *,
+    cwd: str | Path | None = None,
+    session_store: SessionStore | None = None,
+    resume: str | None = None,
+    fork: bool = False,
+    resume_at: str | None = None,
+    use_plugin: bool = True,
+    portable: bool = True,
+    add_dirs: list[str] | None = None,
+    flush: str = "eager",
+    prelude: str = "",
+    hooks: dict[str, list[Any]] | None = None,
+) -> ClaudeAgentOptions:
+    """Compile ``spec`` into the SDK's ``ClaudeAgentOptions``.
+
+    ``flush="eager"`` puts every transcript entry in the session store as it happens: the
+    SDK batches per query otherwise, and a step killed with -9 mid-turn would then have
+    nothing in sessions.db to resume from. ``portable=True`` keeps the user's and the
+    project's Claude settings files out (``setting_sources=[]``), so a flow behaves the same
+    on every machine. ``hooks`` are extra hook matchers merged after ``spec.hooks``.
+    """
+    from claude_agent_sdk import ClaudeAgentOptions
+
+    append = "\n\n".join(p for p in (spec.instructions, prelude) if p)
+    system_prompt: Any = {"type": "preset", "preset": "claude_code"}
+    if append:
+        system_prompt["append"] = append
+    env = dict(spec.compact.env()) if spec.compact else {}
+    env.update(spec.env)
+    plugins: list[Any] = []
+    if use_plugin and PLUGIN_DIR.is_dir():
+        plugins.append({"type": "local", "path": str(PLUGIN_DIR)})
+    return ClaudeAgentOptions(
+        system_prompt=system_prompt,
+        allowed_tools=list(spec.allowed_tools),
+        disallowed_tools=list(spec.disallowed_tools),
+        model=spec.model,
+        effort=spec.effort,  # type: ignore[arg-type]
+        max_turns=spec.max_turns,
+        max_budget_usd=spec.max_budget_usd,
+        permission_mode=spec.permission_mode,  # type: ignore[arg-type]
+        agents=spec.agents,
+        mcp_servers=dict(spec.mcp_servers),
+        hooks=merge_hooks(spec.hooks, hooks) or None,  # type: ignore[arg-type]
+        env=env,
+        cwd=str(cwd) if cwd is not None else None,
+        session_store=session_store,
+        session_store_flush=flush,  # type: ignore[arg-type]
+        resume=resume,
+        fork_session=fork,
+        resume_session_at=resume_at,
+        add_dirs=list(add_dirs or []),
+        setting_sources=[] if portable else None,
+        plugins=plugins,
+    )
+
+
+def merge_hooks(*groups: dict[str, list[Any]] | None) -> dict[str, list[Any]]:
+    """Concatenate hook matcher lists by event name (no de-duplication, as seed 003 says)."""
+    out: dict[str, list[Any]] = {}
+    for group in groups:
+        for event, matchers in (group or {}).items():
+            out.setdefault(event, []).extend(matchers)
+    return {k: v for k, v in out.items() if v}

@@ -1,0 +1,306 @@
+"""Runtime: the one verb that runs a step (seed 003, 运行时).
+
+``Runtime.run`` owns everything that happens inside one step: retries of transient API
+errors that resume the same session, cooperative interrupts, and handoffs when the context
+fills up. One ``run`` call is one manifest row.
+
+The supervisor path reuses this class: ``supervisor.runtime.SupervisedRuntime`` overrides
+``_execute`` to run the same loop in a forked step child; ``run`` itself (bookkeeping,
+manifest) is shared, so both paths write identical rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .agent import AgentSpec, build_options
+from .attempt import AttemptState, AttemptWatch, run_attempt
+from .credentials import check_credentials, load_dotenv
+from .lineage import Lineage
+from .manifest import Manifest
+from .registry import FlowerRecord, Registry, new_run_id, process_started
+from .resilience import Resilience
+from .result import Event, StepResult
+from .window import HandoffPolicy
+
+log = logging.getLogger("flower")
+
+OnEvent = Callable[[Event], None]
+
+
+class Runtime:
+    """Holds the workspace, the session store and the policies; runs steps."""
+
+    INTERRUPTED = "interrupted-by-human"
+    HANDOFF_DUE = "context-full-handoff"
+    INTERRUPT_NOTE = (
+        "(这是人在运行中按 Ctrl-C 打断后说的话。当时在飞的工具调用如果返回 interrupted,"
+        "那是打断的正常副作用,不是环境故障,不用排查;按这句话调整,然后接着做。)"
+    )
+
+    def __init__(
+        self,
+        *,
+        workspace: str | Path,
+        run_dir: str | Path = "runs",
+        portable: bool = True,
+        trim: Any = False,
+        ephemeral: Any = True,
+        keep_denials: int = 1,
+        workbench: Any = False,
+        spill_threshold: int | None = 4000,
+        resilience: Resilience | bool = True,
+        handoff: HandoffPolicy | bool = True,
+    ) -> None:
+        self.workspace = Path(workspace).expanduser().resolve()
+        self.run_dir = Path(run_dir).expanduser().absolute()
+        self.portable = portable
+        self.trim, self.ephemeral, self.keep_denials = trim, ephemeral, keep_denials
+        self.workbench = workbench
+        self.spill_threshold = spill_threshold
+        self.resilience = _policy(resilience, Resilience)
+        self.handoff = _policy(handoff, HandoffPolicy)
+        self.run_id = new_run_id()
+        self.results: list[StepResult] = []
+        self.on_session: Callable[[str], None] | None = None
+        self.store = self._make_store()
+        self.record: FlowerRecord | None = None
+        self._client: Any = None
+        self._interrupt_text: str | None = None
+        self._interrupted = False
+        self._reply: asyncio.Future[str | None] | None = None
+        self._handoff_due = False
+        self._ctx, self._warned = 0, False
+        load_dotenv(self.workspace, Path.cwd())
+        check_credentials()
+
+    # -- stores and files -------------------------------------------------------------
+
+    def _make_store(self) -> Any:
+        from ..stores import open_store
+
+        return open_store(self)
+
+    @property
+    def notes_dir(self) -> Path | None:
+        """Where handoffs land: the workbench's notes/, or nowhere without a workbench."""
+        return self.workspace / ".flower" / "notes" if self.workbench else None
+
+    def has_session(self, session_id: str) -> bool:
+        """Is ``session_id`` a transcript of this workspace in sessions.db?"""
+        from claude_agent_sdk import project_key_for_directory
+
+        try:
+            return self.store.has_session(session_id, project_key_for_directory(self.workspace))
+        except Exception:  # noqa: BLE001 - an unreadable store means "start fresh"
+            log.debug("has_session(%s) failed", session_id, exc_info=True)
+            return False
+
+    def lineage(self) -> Lineage:
+        return Lineage(self.run_dir, self.workspace, has_session=self.has_session, run_id=self.run_id)
+
+    @property
+    def manifest(self) -> Manifest:
+        return Manifest(self.run_dir, self.run_id)
+
+    def close(self) -> None:
+        """Close the stores (the only cleanup a double Ctrl-C still does)."""
+        close = getattr(self.store, "close", None)
+        if close:
+            close()
+
+    # -- the flower's registry record -------------------------------------------------
+
+    def begin_flow(self, flow: str, steps: list[str], *, command: list[str] | None = None) -> None:
+        import os
+
+        self.record = FlowerRecord(
+            run=self.run_id,
+            flow=flow,
+            pid=os.getpid(),
+            pid_started=process_started(os.getpid()),
+            workspace=str(self.workspace),
+            started_at=time.time(),
+            command=list(command or []),
+            cwd=str(Path.cwd()),
+            steps=list(steps),
+        )
+        self.note()
+
+    def note(self, **fields: Any) -> None:
+        """Update this flower's registry record (best-effort: status is not worth a crash)."""
+        if self.record is None:
+            return
+        for k, v in fields.items():
+            setattr(self.record, k, v)
+        try:
+            Registry(self.run_dir).write(self.record)
+        except OSError:
+            log.debug("registry write failed", exc_info=True)
+
+    # -- running a step ---------------------------------------------------------------
+
+    async def run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        step_name: str | None = None,
+        resume: str | None = None,
+        fork: bool = False,
+        resume_at: str | None = None,
+        on_event: OnEvent | None = None,
+    ) -> StepResult:
+        """Run one step to its result (one manifest row), retrying inside as seed 003 says."""
+        label = step_name or spec.name
+        self.note(step=label, session_id=resume, attempt=1)
+        result = await self._execute(
+            spec, prompt, label=label, resume=resume, fork=fork, resume_at=resume_at, on_event=on_event
+        )
+        return self._finish(result)
+
+    def _finish(self, result: StepResult) -> StepResult:
+        result.ended_at = result.ended_at or time.time()
+        self.results.append(result)
+        try:
+            self.manifest.record(result)
+        except OSError as exc:
+            log.warning("could not write %s: %s", self.run_dir / "manifest.json", exc)
+        return result
+
+    def _session_seen(self, sid: str) -> None:
+        """The instant a session id is known: lineage first (the hard-kill invariant)."""
+        self.note(session_id=sid)
+        if self.on_session is not None:
+            try:
+                self.on_session(sid)
+            except Exception:  # noqa: BLE001 - continuity must never stop the work
+                log.debug("on_session failed", exc_info=True)
+
+    async def _execute(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        label: str,
+        resume: str | None,
+        fork: bool,
+        resume_at: str | None,
+        on_event: OnEvent | None,
+    ) -> StepResult:
+        """The attempt loop of seed 003's Runtime.run, with its four exits."""
+        from . import loop
+
+        return await loop.execute(
+            self, spec, prompt, label=label, resume=resume, fork=fork, resume_at=resume_at, on_event=on_event
+        )
+
+    async def _attempt(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        label: str,
+        resume: str | None,
+        fork: bool,
+        resume_at: str | None,
+        on_event: OnEvent | None,
+        watch_context: bool = True,
+    ) -> StepResult:
+        """One SDK session run to its result."""
+        self._interrupted = False
+        self._handoff_due = False
+        watch = AttemptWatch(
+            on_session=self._session_seen,
+            on_event=on_event,
+            on_context=(lambda used, final: self._context_seen(label, used, final, on_event))
+            if watch_context
+            else None,
+        )
+        options = build_options(
+            spec,
+            cwd=self.workspace,
+            session_store=self.store,
+            resume=resume,
+            fork=fork,
+            resume_at=resume_at,
+            portable=self.portable,
+        )
+        state = AttemptState(label, watch)
+        result = await run_attempt(options, prompt, state, on_client=self._set_client)
+        if self._interrupted:
+            result.ok, result.error = False, self.INTERRUPTED
+        elif self._handoff_due and not result.ok:
+            result.error = self.HANDOFF_DUE
+        return result
+
+    def _set_client(self, client: Any) -> None:
+        self._client = client
+        if client is not None and self._interrupted:
+            # An interrupt that arrived while the CLI was starting: deliver it now.
+            asyncio.get_running_loop().create_task(client.interrupt())
+
+    def _context_seen(self, label: str, used: int, final: bool, on_event: OnEvent | None) -> bool:
+        """Track the context per turn; True asks the attempt to stop for a handoff."""
+        self._ctx = used
+        if on_event:
+            on_event(Event("context", label, {"used": used, "window": self.handoff.window}))
+        if not self.handoff.enabled:
+            return False
+        if used >= self.handoff.warn_at and not self._warned:
+            self._warned = True
+            if on_event:
+                on_event(Event("handoff", label, {"phase": "near", "used": used, "window": self.handoff.window}))
+        if used >= self.handoff.at and not final:
+            self._handoff_due = True
+            return True
+        return False
+
+    # -- interrupts -------------------------------------------------------------------
+
+    async def interrupt(self, text: str | None = None) -> None:
+        """Cooperative interrupt at a message boundary (Ctrl-C once).
+
+        ``text`` is what the person said; when None the loop waits for :meth:`reply`.
+        """
+        self._interrupted = True
+        self._interrupt_text = text
+        if text is None:
+            self._reply = asyncio.get_running_loop().create_future()
+        if self._client is not None:
+            try:
+                await self._client.interrupt()
+            except Exception:  # noqa: BLE001 - the turn may have just ended
+                log.debug("interrupt failed", exc_info=True)
+
+    def reply(self, text: str | None) -> None:
+        """What the person typed after an interrupt (None: nothing, just carry on)."""
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_result(text)
+
+    async def take_interrupt_text(self, timeout: float = 600.0) -> str | None:
+        if self._reply is None:
+            return self._interrupt_text
+        try:
+            return await asyncio.wait_for(self._reply, timeout)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self._reply = None
+
+    def budget_lifted(self, spec: AgentSpec) -> AgentSpec:
+        return replace(spec, max_budget_usd=None)
+
+
+def _policy(value: Any, cls: type) -> Any:
+    if value is True:
+        return cls()
+    if value is False or value is None:
+        return cls(enabled=False)
+    return value

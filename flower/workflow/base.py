@@ -1,0 +1,243 @@
+"""Step and Workflow: steps in order, state passed through ctx, continuity by default.
+
+The same ``Workflow.run`` drives both paths: in-process with a plain ``Runtime``, and under
+``flower-super`` with a ``SupervisedRuntime`` whose ``run`` puts each attempt in its own
+child process. Control flow (when / gate / on_reject / reduce / retries) is evaluated here,
+in the process that owns lineage and the manifest.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..core.agent import AgentSpec
+from ..core.result import Event, StepResult
+from .._errors import ConfigError
+from .resume import PriorRun, input_hash, prior_run, to_jsonable
+
+if TYPE_CHECKING:
+    from ..core.runtime import Runtime
+
+Ctx = dict[str, Any]
+
+ON_FAIL = ("stop", "continue")
+
+
+class StepAbort(Exception):
+    """Raised by a gate: stop now, do not retry (seed 003)."""
+
+
+@dataclass
+class Step:
+    """One step's declaration; ``Runtime.run(step.spec, prompt, ...)`` is what executes."""
+
+    name: str
+    spec: AgentSpec
+    prompt: str | Callable[[Ctx], str]
+
+    resume_from: str | None = None
+    fork: bool = False
+
+    retries: int = 0
+    gate: Callable[[StepResult, Ctx], Any] | None = None
+    on_fail: str = "stop"
+    when: Callable[[Ctx], Any] | None = None
+    on_reject: Callable[[StepResult, Ctx], str] | None = None
+    resume_prompt: str | Callable[[Ctx], str] | None = None
+    reduce: Callable[[StepResult, Ctx], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_fail not in ON_FAIL:
+            raise ConfigError(
+                f"step {self.name!r}: on_fail={self.on_fail!r} is not one of {', '.join(ON_FAIL)}",
+                hint='use on_fail="stop" (the default) or "continue"',
+            )
+        if any(mark in self.name for mark in ("#", "·判定")):
+            raise ConfigError(
+                f"step name {self.name!r} contains '#' or '·判定'",
+                hint="those mark retry/round/judge labels; pick a plain name",
+            )
+
+    def label(self, attempt: int) -> str:
+        """``name``, then ``name#roundN`` (with on_reject) or ``name#retryN``."""
+        if attempt == 0:
+            return self.name
+        return f"{self.name}#round{attempt + 1}" if self.on_reject else f"{self.name}#retry{attempt}"
+
+
+@dataclass
+class Workflow:
+    """Steps in order; ``run`` returns the final ctx."""
+
+    steps: list[Step]
+    name: str = "workflow"
+    context: Ctx = field(default_factory=dict)
+    channel: Any = None
+    workbench: Any = None
+    continuous: bool = True
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.steps]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(
+                f"workflow {self.name!r} has two steps named {dupes[0]!r}",
+                hint="step names are the keys of lineage.json; make them unique",
+            )
+
+    async def run(
+        self,
+        runtime: Runtime,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        on_step: Callable[[Step, StepResult], None] | None = None,
+        command: list[str] | None = None,
+    ) -> Ctx:
+        runner = _Run(self, runtime, on_event, on_step)
+        return await runner.run(command)
+
+
+class _Run:
+    """One execution of a Workflow (kept apart so run() reads top to bottom)."""
+
+    def __init__(self, wf: Workflow, rt: Runtime, on_event: Any, on_step: Any) -> None:
+        self.wf, self.rt, self.on_event, self.on_step = wf, rt, on_event, on_step
+        self.ctx: Ctx = dict(wf.context)
+        self.lineage = rt.lineage()
+        self.prior: PriorRun | None = None
+
+    async def run(self, command: list[str] | None) -> Ctx:
+        rt, wf = self.rt, self.wf
+        self.prior = prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
+        rt.begin_flow(wf.name, [s.name for s in wf.steps], command=command)
+        woke = self.lineage.wake()
+        sessions = self.lineage.load() if wf.continuous else {}
+        rt.note(woke=woke)
+        self.ctx.update(
+            _woke=woke, _sessions=dict(sessions), _results={}, _runtime=rt, _on_event=self.on_event, _flow=wf.name
+        )
+        self.lineage_sessions = dict(sessions)
+        state = "finished"
+        try:
+            for i, step in enumerate(wf.steps):
+                if not await self._run_step(i, step):
+                    state = "failed"
+                    break
+        except BaseException:
+            rt.note(state="interrupted", step=None, ended_at=_now())
+            raise
+        rt.note(state=state, step=None, ended_at=_now())
+        return self.ctx
+
+    async def _run_step(self, index: int, step: Step) -> bool:
+        """Run one step with its retries; False means the flow stops here."""
+        ctx = self.ctx
+        if step.when is not None and not await _maybe_await(step.when(ctx)):
+            return True
+        prompt = step.prompt(ctx) if callable(step.prompt) else step.prompt
+        digest = input_hash(self.wf.name, step, prompt)
+        if self._reuse(step, digest, index):
+            return True
+        resume = self._session_for(step)
+        if resume and step.resume_prompt is not None:
+            prompt_cur = step.resume_prompt(ctx) if callable(step.resume_prompt) else step.resume_prompt
+        else:
+            prompt_cur = prompt
+        self._emit(Event("step", step.name, {"index": index, "total": len(self.wf.steps), "resumed": bool(resume), "woke": ctx["_woke"]}))
+        result, passed = await self._attempts(step, prompt, prompt_cur, resume)
+        if passed:
+            value = step.reduce(result, ctx) if step.reduce else result.text
+            ctx[step.name] = value
+            self._completed(step, digest, result, value)
+        if self.on_step:
+            self.on_step(step, result)
+        return passed or step.on_fail == "continue"
+
+    async def _attempts(self, step: Step, prompt: str, prompt_cur: str, resume: str | None) -> tuple[StepResult, bool]:
+        ctx, rt = self.ctx, self.rt
+        resume_cur, fork_cur = resume, step.fork
+        result: StepResult | None = None
+        passed = False
+        for attempt in range(step.retries + 1):
+            label = step.label(attempt)
+            rt.on_session = lambda sid, label=label: self._remember(step.name, label, sid)
+            try:
+                result = await rt.run(
+                    step.spec, prompt_cur, step_name=label, resume=resume_cur, fork=fork_cur, on_event=self.on_event
+                )
+            finally:
+                rt.on_session = None
+            ctx["_results"][step.name] = result
+            if result.session_id:
+                self._remember(step.name, label, result.session_id)
+            passed = result.ok
+            if passed and step.gate is not None:
+                try:
+                    passed = bool(await _maybe_await(step.gate(result, ctx)))
+                except StepAbort as exc:
+                    ctx["_aborted"] = str(exc)
+                    passed = False
+                    break
+            if passed:
+                break
+            feedback = step.on_reject(result, ctx) if (step.on_reject and result.session_id) else ""
+            if feedback:
+                prompt_cur, resume_cur, fork_cur = feedback, result.session_id, False
+            else:
+                prompt_cur, resume_cur, fork_cur = prompt, self._session_for(step), step.fork
+        assert result is not None
+        return result, passed
+
+    def _session_for(self, step: Step) -> str | None:
+        """Which session this step continues (seed 000's resume_from table)."""
+        sessions = self.ctx["_sessions"]
+        if step.resume_from is not None:
+            return sessions.get(step.resume_from)
+        if self.wf.continuous:
+            return self.lineage_sessions.get(step.name)
+        return None
+
+    def _remember(self, name: str, label: str, sid: str) -> None:
+        self.ctx["_sessions"][name] = sid
+        self.lineage_sessions[name] = sid
+        self.lineage.remember(label, sid)
+
+    def _reuse(self, step: Step, digest: str, index: int) -> bool:
+        """Seed 004: a step the unfinished last run completed with the same input is skipped."""
+        done = self.prior.completed.get(step.name) if self.prior else None
+        if not done or done.get("hash") != digest:
+            return False
+        result = StepResult.from_dict(done["result"])
+        self.ctx["_results"][step.name] = result
+        if result.session_id:
+            self.ctx["_sessions"][step.name] = result.session_id
+        self.ctx[step.name] = done.get("value", result.text)
+        self._completed(step, digest, result, self.ctx[step.name])
+        self._emit(Event("step", step.name, {"index": index, "total": len(self.wf.steps), "resumed": False, "woke": self.ctx["_woke"], "reused": True, "run": self.prior.run if self.prior else None}))
+        if self.on_step:
+            self.on_step(step, result)
+        return True
+
+    def _completed(self, step: Step, digest: str, result: StepResult, value: Any) -> None:
+        rec = self.rt.record
+        if rec is None:
+            return
+        rec.completed[step.name] = {"hash": digest, "result": result.to_dict(), "value": to_jsonable(value)}
+        self.rt.note()
+
+    def _emit(self, event: Event) -> None:
+        if self.on_event:
+            self.on_event(event)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

@@ -1,0 +1,67 @@
+"""Incremental resume (seed 004): input hashes and the unfinished run to pick up from.
+
+A step's input hash folds in everything that shapes what the agent will produce: the flow
+name, the step's name and structure, the agent spec's fingerprint and the prompt *after*
+ctx interpolation, so a changed upstream output changes the hash by itself.
+
+The unfinished run to resume is the latest earlier run of the same flow in the same
+workspace whose record is not ``finished``; its completed steps (row ok, gate passed) with
+an unchanged hash are reused instead of sent to the model again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.registry import FINISHED, Registry
+
+if TYPE_CHECKING:
+    from .base import Step
+
+
+def input_hash(flow: str, step: Step, prompt: str) -> str:
+    fields = {
+        "flow": flow,
+        "step": step.name,
+        "prompt": prompt,
+        "spec": step.spec.fingerprint(),
+        "resume_from": step.resume_from,
+        "fork": step.fork,
+    }
+    raw = json.dumps(fields, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class PriorRun:
+    run: str
+    state: str
+    completed: dict[str, dict[str, Any]]
+
+
+def prior_run(run_dir: Path, flow: str, workspace: Path, *, exclude: str) -> PriorRun | None:
+    """The latest earlier run of ``flow`` here, if it did not finish; else None."""
+    mine = [
+        r
+        for r in Registry(run_dir).records()
+        if r.flow == flow and r.run != exclude and Path(r.workspace) == workspace
+    ]
+    if not mine:
+        return None
+    last = mine[-1]
+    if last.state == FINISHED:
+        return None
+    return PriorRun(run=last.run, state=last.state, completed=dict(last.completed))
+
+
+def to_jsonable(value: Any) -> Any:
+    """A ctx value as it can be stored in the run record (non-JSON values become text)."""
+    try:
+        json.dumps(value, ensure_ascii=False)
+        return value
+    except (TypeError, ValueError):
+        return str(value)

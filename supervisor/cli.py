@@ -1,0 +1,129 @@
+"""``flower-super``: start a flow under a supervisor, look at a run_dir, try it offline.
+
+Every mistake a person can make ends in one line and a hint (exit status 2), never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from flower import FlowerError
+
+RUN_DIR_HELP = "run directory holding lineage.json, manifest.json, sessions.db (default ./runs, relative to the current directory)"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """flower-super: run flower workflows with one supervised child process per step.
+
+    Run it again in the same directory and it carries on the same conversation, whether the
+    last run finished, was Ctrl-C'd, got SIGTERM/SIGHUP, was kill -9'd or the machine
+    rebooted.
+    """
+
+
+@main.command()
+@click.argument("ask", required=False, default="")
+@click.option("--flow", "flow_ref", metavar="FILE.py:ATTR|MODULE:ATTR", help="the Workflow to run (default: one working step doing ASK)")
+@click.option("-r", "--run-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True, help=RUN_DIR_HELP)
+@click.option("-w", "--workspace", type=click.Path(file_okay=False, path_type=Path), default=None, help="the directory the agents work in (default: the current directory)")
+@click.option("--new", is_flag=True, help="do not continue last time: archive lineage.json, 需求.md, 目标.md and start a new thing")
+@click.option("--no-trim", is_flag=True, help="do not trim large old tool results when resuming (trimming is on by default here)")
+def start(ask: str, flow_ref: str | None, run_dir: Path, workspace: Path | None, new: bool, no_trim: bool) -> None:
+    """Start (or carry on) a flow. ASK is what you want done; nothing = carry on."""
+    from .flows import default_flow, load_flow
+    from .start import StartArgs, run_start
+    from .terminal import Terminal
+
+    ws = (workspace or Path.cwd()).expanduser()
+    try:
+        if not ws.is_dir():
+            raise FlowerError(f"workspace {ws} is not a directory", hint="create it first or pass -w DIR")
+        wf = load_flow(flow_ref, ask) if flow_ref else default_flow(ask)
+        args = StartArgs(
+            ask=ask,
+            workspace=ws.resolve(),
+            run_dir=run_dir.expanduser().absolute(),
+            new=new,
+            trim=not no_trim,
+            command=_resume_command(flow_ref, run_dir, workspace),
+        )
+        code = run_start(wf, args, Terminal())
+    except FlowerError as exc:
+        _fail(exc)
+    sys.exit(code)
+
+
+def _resume_command(flow_ref: str | None, run_dir: Path, workspace: Path | None) -> list[str]:
+    """The command that carries this run on later (shown by status for a dead run)."""
+    cmd = ["flower-super", "start"]
+    if flow_ref:
+        cmd += ["--flow", flow_ref]
+    cmd += ["-r", str(run_dir.expanduser().absolute())]
+    cmd += ["-w", str((workspace or Path.cwd()).expanduser().resolve())]
+    return cmd
+
+
+@main.command()
+@click.option("-r", "--run-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True, help=RUN_DIR_HELP)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
+def status(run_dir: Path, as_json: bool) -> None:
+    """Every flower that ran in RUN_DIR: live or dead, state, step, session, last rows.
+
+    Exit status 0 when nothing is dead-and-unfinished, 3 otherwise.
+    """
+    from .status import collect, render_text
+
+    try:
+        report = collect(run_dir)
+    except FlowerError as exc:
+        _fail(exc)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+    else:
+        click.echo(render_text(report))
+    sys.exit(3 if report.dead_unfinished else 0)
+
+
+@main.command("model-server")
+@click.option("--script", "script_path", required=True, type=click.Path(dir_okay=False, exists=True), help="JSON script of turns")
+@click.option("--port", type=int, default=0, show_default=True, help="port on 127.0.0.1 (0 = any free port)")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="append every request as a JSON line here")
+def model_server(script_path: str, port: int, log_path: str | None) -> None:
+    """Serve the Anthropic Messages API on loopback from a script (for tests and demos)."""
+    from flower.testing.model_server import main as serve
+
+    argv = ["--script", script_path, "--port", str(port)]
+    if log_path:
+        argv += ["--log", log_path]
+    sys.exit(serve(argv))
+
+
+@main.command()
+@click.option("--keep", is_flag=True, help="keep the temporary workspace and print where it is")
+def demo(keep: bool) -> None:
+    """No key, no network: run a flow against a scripted model, kill -9 it mid-step, resume."""
+    from .demo import run_demo
+
+    try:
+        sys.exit(run_demo(keep=keep))
+    except FlowerError as exc:
+        _fail(exc)
+
+
+def _fail(exc: FlowerError) -> None:
+    click.echo(f"flower-super: {exc.message}", err=True)
+    if exc.hint:
+        click.echo(f"  hint: {exc.hint}", err=True)
+    sys.exit(2)
+
+
+def quote(cmd: list[str]) -> str:
+    return shlex.join(cmd)

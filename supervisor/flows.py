@@ -1,0 +1,116 @@
+"""Resolving the Workflow a start runs: a user flow by reference, or the built-in one.
+
+``--flow path/to/file.py:attr`` or ``--flow package.module:attr``; ``attr`` names a
+``Workflow`` or a callable returning one (called with the ask when it takes an argument).
+Every way this can go wrong is one line with a hint, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from flower import ConfigError
+from flower.core.agent import AgentSpec
+from flower.workflow import Step, Workflow
+
+WORK_STEP = "干活"
+DEFAULT_FLOW = "flower"
+WORKER_TOOLS = ["Read", "Write", "Edit", "Bash", "Glob", "Grep"]
+CARRY_ON = "接着上次没做完的做。先看一眼工作区里已经有的东西,从断的地方接着来,不要重头来过。"
+
+
+def default_flow(ask: str) -> Workflow:
+    """The flow a bare ``flower-super start "do X"`` runs: one working step, continuous.
+
+    Waking with nothing said carries on; waking with a sentence sends that sentence to the
+    same session.
+    """
+    worker = AgentSpec(
+        name="worker",
+        instructions="你负责实现。每改一处就跑一次验证,别攒到最后。",
+        allowed_tools=list(WORKER_TOOLS),
+        permission_mode="acceptEdits",
+    )
+    said = ask.strip()
+    step = Step(WORK_STEP, worker, said or CARRY_ON, resume_prompt=said or CARRY_ON)
+    return Workflow([step], name=DEFAULT_FLOW)
+
+
+def load_flow(ref: str, ask: str = "") -> Workflow:
+    """Import ``ref`` (``file.py:attr`` or ``module:attr``) and return its Workflow."""
+    target, sep, attr = ref.rpartition(":")
+    if not sep or not target or not attr:
+        raise ConfigError(
+            f"--flow {ref!r} is not FILE.py:ATTR or MODULE:ATTR",
+            hint="for example --flow flows/review.py:flow or --flow mypkg.flows:review",
+        )
+    module = _import_file(target) if target.endswith(".py") or "/" in target else _import_module(target)
+    if not hasattr(module, attr):
+        names = ", ".join(n for n, v in vars(module).items() if isinstance(v, Workflow)) or "none"
+        raise ConfigError(f"{target} has no attribute {attr!r}", hint=f"Workflows defined there: {names}")
+    return _as_workflow(getattr(module, attr), ref, ask)
+
+
+def _import_file(path_text: str) -> Any:
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"flow file not found: {path}", hint="give a path relative to the current directory")
+    name = f"flower_user_flow_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {path}", hint="is it a Python file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.resolve().parent))
+    _run_user_code(lambda: spec.loader.exec_module(module), str(path))  # type: ignore[union-attr]
+    return module
+
+
+def _import_module(name: str) -> Any:
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        pass
+    return _run_user_code(lambda: importlib.import_module(name), name)
+
+
+def _run_user_code(fn: Any, where: str) -> Any:
+    try:
+        return fn()
+    except ModuleNotFoundError as exc:
+        if exc.name and where.startswith(exc.name):
+            raise ConfigError(f"no module named {exc.name!r}", hint="run from the directory that holds it, or give FILE.py:ATTR") from None
+        raise ConfigError(f"importing {where} failed: {exc}", hint=_where_in_user_code(exc)) from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's module raised: one line, with its location
+        raise ConfigError(f"importing {where} failed: {type(exc).__name__}: {exc}", hint=_where_in_user_code(exc)) from None
+
+
+def _where_in_user_code(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "importlib" not in f.filename]
+    if not user:
+        return "check the flow module"
+    f = user[-1]
+    return f"at {f.filename}:{f.lineno}"
+
+
+def _as_workflow(obj: Any, ref: str, ask: str) -> Workflow:
+    if isinstance(obj, Workflow):
+        return obj
+    if callable(obj):
+        params = inspect.signature(obj).parameters
+        made = _run_user_code(lambda: obj(ask) if params else obj(), ref)
+        if isinstance(made, Workflow):
+            return made
+        raise ConfigError(f"{ref} returned {type(made).__name__}, not a Workflow", hint="return flower.Workflow([...])")
+    raise ConfigError(f"{ref} is a {type(obj).__name__}, not a Workflow", hint="point --flow at a flower.Workflow")

@@ -1,0 +1,142 @@
+"""``flower-super start``: one supervisor process running one flow, one child per step.
+
+Signals, as DESIGN.md's table says:
+- Ctrl-C once: the in-flight child is interrupted at a message boundary, the person may type
+  a sentence, the same session resumes with it; no attempt is used.
+- Ctrl-C twice: exit (130). Only the stores are closed; the in-flight step gets no manifest
+  row; lineage was already on disk.
+- SIGTERM / SIGHUP: the in-flight step gets exactly one ``killed-by-signal`` row, the
+  children and their trees are stopped, then the default action is restored and the signal
+  re-raised, so the supervisor dies of it (a shell sees 143 / 129).
+- SIGKILL: nothing runs here; the children notice (parent-death signal, pipe EOF) and take
+  their trees down; the next start resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flower.core.registry import INTERRUPTED, KILLED
+from flower.workflow import Workflow
+from stepproc.proctree import become_subreaper
+
+from .runtime import SupervisedRuntime
+from .terminal import Terminal
+
+ARCHIVE_EXTRA = ("需求.md", "目标.md")
+
+
+@dataclass
+class StartArgs:
+    ask: str
+    workspace: Path
+    run_dir: Path
+    new: bool
+    trim: bool
+    command: list[str]
+
+
+def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
+    """Build the runtime and run the flow; returns the exit status (signals may not return)."""
+    import claude_agent_sdk  # noqa: F401 - imported once here so forked children never pay it
+
+    become_subreaper()
+    rt = SupervisedRuntime(workspace=args.workspace, run_dir=args.run_dir, trim=args.trim, workbench=True)
+    rt.ask_person = term.ask
+    if args.new:
+        _archive(rt, term)
+    try:
+        return asyncio.run(_main(wf, rt, args, term))
+    finally:
+        rt.close()
+
+
+def _archive(rt: SupervisedRuntime, term: Terminal) -> None:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    into = rt.workspace / ".flower" / "notes" / "archive" / stamp
+    moved = rt.lineage().archive(into, extra=[rt.workspace / n for n in ARCHIVE_EXTRA])
+    if moved:
+        term.say(f"-- 重开一件事:上次的血缘和冻结件已归档到 {into}")
+
+
+async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Terminal) -> int:
+    desk = SignalDesk(rt, term)
+    desk.install()
+    ctx = await wf.run(rt, on_event=term.on_event, on_step=lambda s, r: term.step_done(r), command=args.command)
+    failed = [name for name, r in ctx["_results"].items() if not r.ok]
+    if rt.record is not None and rt.record.state != "finished":
+        term.say(f"-- 没跑完:{', '.join(failed) or '?'} 失败。在同一个目录再跑一次会从这里接着做。")
+        return 1
+    term.say(f"-- 完成 · 第 {ctx['_woke']} 次唤醒 · run {rt.run_id}")
+    return 0
+
+
+class SignalDesk:
+    """The supervisor's signal handlers (installed on the running event loop)."""
+
+    def __init__(self, rt: SupervisedRuntime, term: Terminal) -> None:
+        self.rt, self.term = rt, term
+        self.interrupting = False
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, self.on_sigint)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, self.on_fatal, sig)
+
+    def on_sigint(self) -> None:
+        if self.interrupting or not self.rt.children:
+            self.exit_now()
+        self.interrupting = True
+        asyncio.get_running_loop().create_task(self._interrupt())
+
+    async def _interrupt(self) -> None:
+        await self.rt.interrupt_child()
+        self.term.say("")
+        said = await self.term.read_line("打断了。想说点什么就打一句,回车 = 直接接着做(再按一次 Ctrl-C 退出)\n> ")
+        self.interrupting = False
+        self.rt.answer_interrupt(said or "")
+
+    def exit_now(self) -> None:
+        """Ctrl-C twice: stop the children, close the stores, leave. No manifest row."""
+        self.rt.stop_children()
+        self.rt.note(state=INTERRUPTED, ended_at=time.time(), exit_code=130)
+        self.rt.close()
+        self.term.say("\n-- 已退出。血缘在盘上:在同一个目录再跑一次就接着上次。")
+        _flush()
+        os._exit(130)
+
+    def on_fatal(self, sig: int) -> None:
+        """SIGTERM / SIGHUP: rescue the in-flight row, stop children, die of the signal."""
+        self.rt.dying = True
+        try:
+            self.rt.rescue()
+            self.rt.stop_children()
+            self.rt.note(state=KILLED, ended_at=time.time(), exit_code=128 + sig)
+            self.rt.close()
+        finally:
+            _flush()
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # the signal is delivered before this returns; belt and braces
+            os._exit(128 + sig)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def describe(args: Any) -> str:
+    return " ".join(args)

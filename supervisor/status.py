@@ -1,0 +1,175 @@
+"""``flower-super status``: what ran in a run_dir, what is alive, what can be resumed.
+
+Reads only: the registry (``flowers/``), lineage.json and the manifest (under its lock, so
+it never sees a torn file). It never imports the SDK, so it answers at once.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flower import FlowerError
+from flower.core.manifest import read_manifest
+from flower.core.registry import FAILED, FINISHED, INTERRUPTED, KILLED, RUNNING, FlowerRecord, Registry
+
+LAST_ROWS = 10
+RESUMABLE = "interrupted-resumable"
+
+
+@dataclass
+class FlowerView:
+    record: FlowerRecord
+    alive: bool
+    state: str
+    resume_command: list[str] | None = None
+
+    @property
+    def unfinished_dead(self) -> bool:
+        return self.resume_command is not None
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "run": r.run,
+            "flow": r.flow,
+            "pid": r.pid,
+            "alive": self.alive,
+            "state": self.state,
+            "step": r.step,
+            "session_id": r.session_id,
+            "started_at": r.started_at,
+            "attempt": r.attempt,
+            "woke": r.woke,
+            "elapsed_s": round(_elapsed(r, self.alive), 1),
+            "resume": shlex.join(self.resume_command) if self.resume_command else None,
+        }
+
+
+@dataclass
+class Report:
+    run_dir: Path
+    workspace: str | None
+    woke: int
+    steps: dict[str, str]
+    flowers: list[FlowerView] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def dead_unfinished(self) -> list[FlowerView]:
+        return [f for f in self.flowers if f.unfinished_dead]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.run_dir),
+            "workspace": self.workspace,
+            "woke": self.woke,
+            "steps": self.steps,
+            "flowers": [f.to_json() for f in self.flowers],
+            "rows": self.rows,
+        }
+
+
+def collect(run_dir: Path) -> Report:
+    run_dir = run_dir.expanduser().absolute()
+    if not run_dir.is_dir():
+        raise FlowerError(f"no run directory at {run_dir}", hint="run from the directory you started flower in, or pass -r DIR")
+    lineage = _read_lineage(run_dir / "lineage.json")
+    records = Registry(run_dir).records()
+    views = [_view(r, records) for r in records]
+    rows = read_manifest(run_dir)[-LAST_ROWS:]
+    return Report(run_dir, lineage.get("workspace"), int(lineage.get("woke") or 0), dict(lineage.get("steps") or {}), views, rows)
+
+
+def _read_lineage(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _view(r: FlowerRecord, everyone: list[FlowerRecord]) -> FlowerView:
+    alive = r.alive
+    state = _state(r, alive)
+    command = None
+    if not alive and state in (RESUMABLE, KILLED, FAILED) and not _superseded(r, everyone):
+        command = r.command or None
+    return FlowerView(r, alive, state, command)
+
+
+def _state(r: FlowerRecord, alive: bool) -> str:
+    if r.state == RUNNING:
+        return RUNNING if alive else RESUMABLE
+    if r.state == INTERRUPTED:
+        return RESUMABLE
+    return r.state  # finished / failed / killed
+
+
+def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
+    """A later run of the same flow here finished, or is carrying it on right now."""
+    for other in everyone:
+        if other.flow != r.flow or other.workspace != r.workspace or other.started_at <= r.started_at:
+            continue
+        if other.state == FINISHED or other.alive:
+            return True
+    return False
+
+
+def _elapsed(r: FlowerRecord, alive: bool) -> float:
+    end = time.time() if alive else (r.ended_at or r.updated_at or r.started_at)
+    return max(0.0, end - r.started_at)
+
+
+# -- text ------------------------------------------------------------------------------
+
+
+def render_text(rep: Report) -> str:
+    lines = [f"run_dir    {rep.run_dir}", f"workspace  {rep.workspace or '-'}", f"woke       {rep.woke}"]
+    for name, sid in rep.steps.items():
+        lines.append(f"step       {name} -> {sid}")
+    lines.append("")
+    lines.append(f"flowers ({len(rep.flowers)})" if rep.flowers else "flowers    none yet")
+    for f in rep.flowers:
+        lines.extend(_flower_lines(f))
+    if rep.rows:
+        lines.append("")
+        lines.append(f"last {len(rep.rows)} manifest rows")
+        lines.extend(_row_line(row) for row in rep.rows)
+    if rep.dead_unfinished:
+        lines.append("")
+        lines.append("unfinished: run the command shown under a dead flower to carry it on")
+    return "\n".join(lines)
+
+
+def _flower_lines(f: FlowerView) -> list[str]:
+    r = f.record
+    live = "live" if f.alive else "dead"
+    head = f"  {r.run}  {r.flow}  pid {r.pid} {live}  {f.state}"
+    detail = f"      step {r.step or '-'}  session {r.session_id or '-'}  attempt {r.attempt}  woke {r.woke}  elapsed {_dur(_elapsed(r, f.alive))}"
+    out = [head, detail]
+    if f.resume_command:
+        out.append(f"      resume: cd {shlex.quote(r.cwd or '.')} && {shlex.join(f.resume_command)}")
+    return out
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    mark = "✓" if row.get("ok") else "✗"
+    err = f"  {row.get('error')}" if row.get("error") else ""
+    return (
+        f"  {mark} {row.get('step')}  {float(row.get('duration_s') or 0):.1f}s  ${float(row.get('cost_usd') or 0):.4f}"
+        f"  attempts {row.get('attempts')}  session {row.get('session_id') or '-'}  run {row.get('run')}{err}"
+    )
+
+
+def _dur(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

@@ -1,0 +1,136 @@
+"""The supervisor owns the terminal: it prints progress and asks the person things.
+
+Children never touch the terminal (their stdio goes to per-step logs); whatever they want
+shown or asked arrives as ``event`` / ``ask`` messages and is rendered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any, TextIO
+
+from flower.core.result import Event, StepResult
+
+RULE_WIDTH = 38
+
+
+def kilo(n: int) -> str:
+    return f"{n / 1000:.1f}K" if n >= 1000 else str(n)
+
+
+class Terminal:
+    """Renders events; reads a line from the person without blocking the event loop."""
+
+    def __init__(self, out: TextIO | None = None, *, stdin_fd: int = 0) -> None:
+        self.out = out or sys.stdout
+        self.stdin_fd = stdin_fd
+        self.woke = 1
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    # -- banners ----------------------------------------------------------------------
+
+    def wake_banner(self, workspace: str, woke: int, contexts: dict[str, int]) -> None:
+        """seed 000: report the wake, or "does it remember?" is invisible."""
+        self.woke = woke
+        if woke <= 1:
+            return
+        parts = [f"{name}上下文 {kilo(n)}" for name, n in contexts.items() if n]
+        parts.append(f"第 {woke} 次唤醒")
+        self.say(f"<- 在 {_home(workspace)} 接上上次  " + " · ".join(parts))
+
+    def on_event(self, ev: Event) -> None:
+        handler = getattr(self, f"_ev_{ev.kind}", None)
+        if handler is not None:
+            handler(ev)
+
+    def _ev_step(self, ev: Event) -> None:
+        p = ev.payload
+        pos = f"{p.get('index', 0) + 1}/{p.get('total', 1)}"
+        head = f"== {ev.step} ".ljust(RULE_WIDTH, "=") + f"  {pos}"
+        if p.get("reused"):
+            self.say(f"{head}  ✓ 上次已完成,输入没变,直接复用(不再发给模型)")
+        elif p.get("resumed"):
+            self.say(f"{head}  <- 接上次 · 第 {p.get('woke', self.woke)} 次唤醒")
+        else:
+            self.say(head)
+
+    def _ev_text(self, ev: Event) -> None:
+        text = str(ev.payload.get("text", "")).strip()
+        if text:
+            self.say("  " + text.replace("\n", "\n  "))
+
+    def _ev_retry(self, ev: Event) -> None:
+        p = ev.payload
+        why = "步骤子进程意外退出" if p.get("kind") == "child-died" else "API 暂时不可用"
+        self.say(f"  … {why},{p.get('delay', 0)} 秒后在同一条会话上接着做(第 {p.get('attempt')} 次)")
+
+    def _ev_handoff(self, ev: Event) -> None:
+        p = ev.payload
+        phase = p.get("phase")
+        if phase == "near":
+            self.say(f"  … 上下文 {kilo(int(p.get('used', 0)))} / {kilo(int(p.get('window', 0)))},快满了")
+        elif phase == "writing":
+            self.say("  … 上下文满了,正在写交接书,换一条新会话接手")
+        elif phase == "done":
+            where = p.get("path") or "(没有工作台,未落盘)"
+            kind = "降级交接书" if p.get("degraded") else "交接书"
+            self.say(f"  … {kind}已写好:{where},新会话接手")
+
+    def step_done(self, result: StepResult) -> None:
+        mark = "✓" if result.ok else "✗"
+        extra = f"  {result.error}" if result.error else ""
+        self.say(f"   {mark} {result.step}  {result.duration_s:.1f}s · ${result.cost_usd:.4f}{extra}")
+
+    # -- asking -----------------------------------------------------------------------
+
+    async def read_line(self, prompt: str) -> str | None:
+        """One line typed by the person; None when stdin is closed or not readable."""
+        self.out.write(prompt)
+        self.out.flush()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str | None] = loop.create_future()
+        buf = bytearray()
+
+        def on_readable() -> None:
+            try:
+                data = os.read(self.stdin_fd, 4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                _finish(bytes(buf) or None)
+                return
+            buf.extend(data)
+            if b"\n" in buf:
+                _finish(bytes(buf).split(b"\n", 1)[0])
+
+        def _finish(raw: bytes | None) -> None:
+            loop.remove_reader(self.stdin_fd)
+            if not fut.done():
+                fut.set_result(None if raw is None else raw.decode("utf-8", "replace").strip())
+
+        try:
+            loop.add_reader(self.stdin_fd, on_readable)
+        except (OSError, ValueError, PermissionError):
+            return None
+        return await fut
+
+    async def ask(self, msg: Any) -> str | None:
+        options = list(getattr(msg, "options", []) or [])
+        self.say(f"? {msg.question}")
+        for i, opt in enumerate(options, 1):
+            self.say(f"  {i}. {opt}")
+        line = await self.read_line("> ")
+        if line and options and line.isdigit() and 1 <= int(line) <= len(options):
+            return options[int(line) - 1]
+        return line
+
+
+def _home(path: str) -> str:
+    home = os.path.expanduser("~")
+    return "~" + path[len(home):] if home != "/" and path.startswith(home) else path
