@@ -36,7 +36,9 @@ json_scalars = (
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=4)
@@ -154,7 +156,9 @@ def test_a_truncated_stream_yields_the_whole_lines_then_one_error(
 
 @FUZZ
 @given(messages, st.data())
-def test_a_wrong_json_type_in_any_field_is_a_protocol_error(msg: Message, data: st.DataObject) -> None:
+def test_a_wrong_json_type_in_any_field_is_a_protocol_error(
+    msg: Message, data: st.DataObject
+) -> None:
     fields = dataclasses.fields(msg)
     if not fields:
         return
@@ -193,7 +197,9 @@ def test_a_missing_or_extra_field_is_a_protocol_error(msg: Message, data: st.Dat
     ),
     st.lists(st.integers(min_value=0), max_size=30),
 )
-def test_huge_lines_are_reported_once_and_never_buffered(lines: list[bytes], cuts: list[int]) -> None:
+def test_huge_lines_are_reported_once_and_never_buffered(
+    lines: list[bytes], cuts: list[int]
+) -> None:
     bound = 128
     expected: list[Message | type] = []
     for line in lines:
