@@ -70,6 +70,16 @@ def kill_tree(pid: int, *, include_root: bool = True, pgid: int | None = None) -
         _kill(pid)
 
 
+def kill_group(pgid: int) -> None:
+    """SIGKILL a whole process group (a step child's group holds its CLI and tool shells)."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def kill_descendants() -> None:
     """SIGKILL everything below this process (used by a step child on its way out)."""
     for p in descendants():
@@ -86,11 +96,22 @@ def reap_orphans(keep: set[int]) -> list[int]:
             _kill(q.pid)
         killed.append(p.pid)
     for pid in killed:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+        _reap(pid, within=1.0)
     return killed
+
+
+def _reap(pid: int, *, within: float) -> None:
+    import time
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
 
 
 def descendants_direct() -> list[psutil.Process]:

@@ -75,10 +75,6 @@ def _import_file(path_text: str) -> Any:
 def _import_module(name: str) -> Any:
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    try:
-        importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        pass
     return _run_user_code(lambda: importlib.import_module(name), name)
 
 

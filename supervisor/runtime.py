@@ -21,6 +21,7 @@ from flower.core.fsutil import private_dir
 from flower.core.result import Event, StepResult
 from flower.core.runtime import OnEvent, Runtime
 from ipc import Answer, Ask, EventMsg, Failure, Hello, Interrupt, ProtocolError, Result, Session, Start
+from stepproc.proctree import kill_group, reap_orphans
 from stepproc.spawn import ChildHandle, describe_status, spawn
 
 log = logging.getLogger("flower.supervisor")
@@ -109,6 +110,7 @@ class SupervisedRuntime(Runtime):
             status = await child.wait()
         finally:
             self._forget(child)
+            self._sweep(child)
         if out is None:
             why = problem or f"step child {child.pid} died without a result ({describe_status(status)})"
             return None, why
@@ -143,6 +145,12 @@ class SupervisedRuntime(Runtime):
     def _forget(self, child: ChildHandle) -> None:
         self.children.pop(child.pid, None)
         child.close()
+
+    def _sweep(self, child: ChildHandle) -> None:
+        """Whatever the child left behind dies too: its process group (the CLI, tool
+        shells) and any orphan re-parented to us, the subreaper, gets killed and reaped."""
+        kill_group(child.pid)
+        reap_orphans(keep=set(self.children))
 
     # -- what the supervisor's signal handlers need -----------------------------------
 

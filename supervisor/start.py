@@ -93,7 +93,8 @@ class SignalDesk:
 
     def on_sigint(self) -> None:
         if self.interrupting or not self.rt.children:
-            self.exit_now()
+            self.exit_now()  # does not return
+            return
         self.interrupting = True
         asyncio.get_running_loop().create_task(self._interrupt())
 

@@ -27,20 +27,20 @@ class Terminal:
         self.out = out or sys.stdout
         self.stdin_fd = stdin_fd
         self.woke = 1
+        self._reused: set[str] = set()
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
     # -- banners ----------------------------------------------------------------------
 
-    def wake_banner(self, workspace: str, woke: int, contexts: dict[str, int]) -> None:
+    def _ev_wake(self, ev: Event) -> None:
         """seed 000: report the wake, or "does it remember?" is invisible."""
-        self.woke = woke
-        if woke <= 1:
-            return
-        parts = [f"{name}上下文 {kilo(n)}" for name, n in contexts.items() if n]
-        parts.append(f"第 {woke} 次唤醒")
-        self.say(f"<- 在 {_home(workspace)} 接上上次  " + " · ".join(parts))
+        p = ev.payload
+        self.woke = int(p.get("woke", 1))
+        parts = [f"{name}上下文 {kilo(n)}" for name, n in (p.get("contexts") or {}).items() if n]
+        parts.append(f"第 {self.woke} 次唤醒")
+        self.say(f"<- 在 {_home(str(p.get('workspace', '')))} 接上上次  " + " · ".join(parts))
 
     def on_event(self, ev: Event) -> None:
         handler = getattr(self, f"_ev_{ev.kind}", None)
@@ -52,6 +52,7 @@ class Terminal:
         pos = f"{p.get('index', 0) + 1}/{p.get('total', 1)}"
         head = f"== {ev.step} ".ljust(RULE_WIDTH, "=") + f"  {pos}"
         if p.get("reused"):
+            self._reused.add(ev.step)
             self.say(f"{head}  ✓ 上次已完成,输入没变,直接复用(不再发给模型)")
         elif p.get("resumed"):
             self.say(f"{head}  <- 接上次 · 第 {p.get('woke', self.woke)} 次唤醒")
@@ -81,6 +82,8 @@ class Terminal:
             self.say(f"  … {kind}已写好:{where},新会话接手")
 
     def step_done(self, result: StepResult) -> None:
+        if result.step in self._reused:
+            return  # the step line already said so; its old cost was not spent again
         mark = "✓" if result.ok else "✗"
         extra = f"  {result.error}" if result.error else ""
         self.say(f"   {mark} {result.step}  {result.duration_s:.1f}s · ${result.cost_usd:.4f}{extra}")

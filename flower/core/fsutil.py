@@ -21,10 +21,24 @@ def private_dir(path: str | Path) -> Path:
     An existing directory keeps the permissions its owner gave it.
     """
     p = Path(path)
-    if not p.is_dir():
-        p.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    if p.is_dir():
+        return p
+    missing = []
+    q = p
+    while not q.is_dir():
+        missing.append(q)
+        if q.parent == q:
+            break
+        q = q.parent
+    for d in reversed(missing):  # each level we create is owner-only, not just the last
         try:
-            os.chmod(p, DIR_MODE)  # mkdir's mode is filtered by the umask
+            d.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            continue
+        try:
+            os.chmod(d, DIR_MODE)  # mkdir's mode is filtered by the umask
         except OSError:
             pass
     return p

@@ -102,6 +102,23 @@ class Runtime:
             log.debug("has_session(%s) failed", session_id, exc_info=True)
             return False
 
+    def session_context(self, session_id: str) -> int:
+        """The context size of ``session_id``'s last main-thread turn, read from sessions.db."""
+        from claude_agent_sdk import project_key_for_directory
+
+        from .attempt import context_of
+
+        key = {"project_key": project_key_for_directory(self.workspace), "session_id": session_id}
+        try:
+            entries = self.store.load_sync(key) or []
+        except Exception:  # noqa: BLE001 - a banner figure is not worth failing a start
+            return 0
+        for entry in reversed(entries):
+            msg = entry.get("message") if entry.get("type") == "assistant" else None
+            if isinstance(msg, dict) and msg.get("usage") and not entry.get("isApiErrorMessage"):
+                return context_of(msg["usage"])
+        return 0
+
     def lineage(self) -> Lineage:
         return Lineage(self.run_dir, self.workspace, has_session=self.has_session, run_id=self.run_id)
 

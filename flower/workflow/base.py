@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.agent import AgentSpec
 from ..core.result import Event, StepResult
 from .._errors import ConfigError
-from .resume import PriorRun, input_hash, prior_run, to_jsonable
+from .resume import PriorRun, input_hash, prior_run, refuse_live_conflict, to_jsonable
 
 if TYPE_CHECKING:
     from ..core.runtime import Runtime
@@ -111,8 +111,10 @@ class _Run:
 
     async def run(self, command: list[str] | None) -> Ctx:
         rt, wf = self.rt, self.wf
+        names = [s.name for s in wf.steps]
+        refuse_live_conflict(rt.run_dir, names, exclude=rt.run_id)
         self.prior = prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
-        rt.begin_flow(wf.name, [s.name for s in wf.steps], command=command)
+        rt.begin_flow(wf.name, names, command=command)
         woke = self.lineage.wake()
         sessions = self.lineage.load() if wf.continuous else {}
         rt.note(woke=woke)
@@ -120,16 +122,19 @@ class _Run:
             _woke=woke, _sessions=dict(sessions), _results={}, _runtime=rt, _on_event=self.on_event, _flow=wf.name
         )
         self.lineage_sessions = dict(sessions)
-        state = "finished"
+        if woke > 1 and self.on_event:
+            contexts = {name: rt.session_context(sid) for name, sid in sessions.items() if name in names}
+            self._emit(Event("wake", "", {"woke": woke, "workspace": str(rt.workspace), "contexts": contexts}))
+        state, stopped_at = "finished", None
         try:
             for i, step in enumerate(wf.steps):
                 if not await self._run_step(i, step):
-                    state = "failed"
+                    state, stopped_at = "failed", step.name
                     break
         except BaseException:
-            rt.note(state="interrupted", step=None, ended_at=_now())
+            rt.note(state="interrupted", ended_at=_now())
             raise
-        rt.note(state=state, step=None, ended_at=_now())
+        rt.note(state=state, step=stopped_at, ended_at=_now())
         return self.ctx
 
     async def _run_step(self, index: int, step: Step) -> bool:
@@ -142,10 +147,7 @@ class _Run:
         if self._reuse(step, digest, index):
             return True
         resume = self._session_for(step)
-        if resume and step.resume_prompt is not None:
-            prompt_cur = step.resume_prompt(ctx) if callable(step.resume_prompt) else step.resume_prompt
-        else:
-            prompt_cur = prompt
+        prompt_cur = self._resume_text(step, prompt) if resume else prompt
         self._emit(Event("step", step.name, {"index": index, "total": len(self.wf.steps), "resumed": bool(resume), "woke": ctx["_woke"]}))
         result, passed = await self._attempts(step, prompt, prompt_cur, resume)
         if passed:
@@ -190,6 +192,16 @@ class _Run:
                 prompt_cur, resume_cur, fork_cur = prompt, self._session_for(step), step.fork
         assert result is not None
         return result, passed
+
+    def _resume_text(self, step: Step, prompt: str) -> str:
+        """What a continued session is told: the step's resume_prompt; for the step a dead
+        run was in the middle of, the neutral "you were interrupted" text; else the prompt."""
+        if step.resume_prompt is not None:
+            rp = step.resume_prompt
+            return rp(self.ctx) if callable(rp) else rp
+        if self.prior is not None and self.prior.interrupted(step.name):
+            return self.rt.resilience.resume_prompt
+        return prompt
 
     def _session_for(self, step: Step) -> str | None:
         """Which session this step continues (seed 000's resume_from table)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._errors import RunDirBusy
 from ..core.registry import FINISHED, Registry
 
 if TYPE_CHECKING:
@@ -41,6 +42,10 @@ class PriorRun:
     run: str
     state: str
     completed: dict[str, dict[str, Any]]
+    in_flight: str | None = None  # the step it was running (or failed in) when it ended
+
+    def interrupted(self, step: str) -> bool:
+        return self.in_flight == step and step not in self.completed
 
 
 def prior_run(run_dir: Path, flow: str, workspace: Path, *, exclude: str) -> PriorRun | None:
@@ -55,7 +60,8 @@ def prior_run(run_dir: Path, flow: str, workspace: Path, *, exclude: str) -> Pri
     last = mine[-1]
     if last.state == FINISHED:
         return None
-    return PriorRun(run=last.run, state=last.state, completed=dict(last.completed))
+    in_flight = last.step.split("#")[0] if last.step else None
+    return PriorRun(run=last.run, state=last.state, completed=dict(last.completed), in_flight=in_flight)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -65,3 +71,19 @@ def to_jsonable(value: Any) -> Any:
         return value
     except (TypeError, ValueError):
         return str(value)
+
+
+def refuse_live_conflict(run_dir: Path, steps: list[str], *, exclude: str) -> None:
+    """Refuse to start when a live flower here would continue one of our steps' sessions.
+
+    Lineage is keyed by step name, so two live flowers sharing a step name would resume the
+    very same session at once.
+    """
+    for other in Registry(run_dir).live(exclude=exclude):
+        shared = [s for s in steps if s in other.steps]
+        if shared:
+            raise RunDirBusy(
+                f"flower pid {other.pid} (flow {other.flow!r}, run {other.run}) is running in "
+                f"{run_dir} and uses step {shared[0]!r}, whose session this start would resume",
+                hint=f"wait for it to finish, stop it (kill {other.pid}), or use another --run-dir",
+            )

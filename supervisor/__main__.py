@@ -1,0 +1,5 @@
+"""``python -m supervisor`` is ``flower-super``."""
+
+from .cli import main
+
+main()
