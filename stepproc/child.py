@@ -14,6 +14,7 @@ or EOF on the parent's pipe all end in killing every descendant.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import sys
@@ -42,6 +43,9 @@ from ipc import (
 )
 
 from .proctree import become_subreaper, die_with_parent, kill_descendants
+
+
+MAX_TEXT_BYTES = 4 * 1024 * 1024  # half the protocol's line bound, leaving room for the rest
 
 
 @dataclass
@@ -120,6 +124,8 @@ class _Child:
             self.out.send(msg)
         except (BrokenPipeError, OSError):
             _die(signal.SIGTERM, None)  # nobody is listening: the supervisor is gone
+        except ProtocolError as exc:  # a message we built badly: report it, keep going
+            print(f"flower step child: could not send {type(msg).__name__}: {exc}", file=sys.stderr)
 
     def on_readable(self) -> None:
         try:
@@ -163,7 +169,10 @@ class _Child:
             )
         )
         result = await self.task
-        self.send(Result(fields=result.to_dict()))
+        fields = result.to_dict()
+        if len(fields["text"].encode("utf-8")) > MAX_TEXT_BYTES:  # keep the line under the pipe's bound
+            fields["text"] = fields["text"].encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore") + "\n[…截断]"
+        self.send(Result(fields=_jsonable(fields)))
         return 0
 
     def on_event(self, event: Event) -> None:
@@ -186,11 +195,15 @@ async def _serve(setup: ChildSetup) -> int:
         return 1
 
 
-def _jsonable(payload: dict[str, Any]) -> dict[str, Any]:
-    import json
-
-    try:
-        json.dumps(payload)
-        return payload
-    except (TypeError, ValueError):
-        return {k: (v if isinstance(v, (str, int, float, bool, type(None))) else str(v)) for k, v in payload.items()}
+def _jsonable(value: Any) -> Any:
+    """A strict JSON value (what the protocol accepts): tuples become lists, keys strings,
+    non-finite floats null, anything else its text."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)

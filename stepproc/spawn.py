@@ -38,7 +38,7 @@ class ChildHandle:
         try:
             self.writer.send(msg)
             return True
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ProtocolError):
             return False
 
     async def messages(self) -> AsyncIterator[Message | ProtocolError]:

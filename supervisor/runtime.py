@@ -96,7 +96,9 @@ class SupervisedRuntime(Runtime):
         out: StepResult | None = None
         problem = ""
         try:
-            child.send(start)
+            if not child.send(start):
+                child.stop()
+                return None, f"could not hand the step to child {child.pid} (prompt too large or child gone)"
             async for item in child.messages():
                 if isinstance(item, ProtocolError):
                     problem = f"protocol error from step child: {item}"

@@ -1,0 +1,43 @@
+"""Shared fixtures: the scripted model server and a flower workspace for end-to-end tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flower.testing.model_server import ModelServer
+
+from .e2e import Flower
+
+
+@pytest.fixture
+def model_server(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], ModelServer]]:
+    """Start scripted model servers (stopped at teardown): ``model_server(script)``."""
+    started: list[ModelServer] = []
+
+    def make(script: dict[str, Any]) -> ModelServer:
+        server = ModelServer(script, log_path=tmp_path / f"requests-{len(started)}.jsonl").start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def flower_env(tmp_path: Path) -> Iterator[Callable[..., Flower]]:
+    """A workspace/run_dir/CLI home wired to a model server; every process reaped at teardown."""
+    made: list[Flower] = []
+
+    def make(server: ModelServer, **kw: Any) -> Flower:
+        f = Flower(tmp_path / f"f{len(made)}", server, **kw)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.cleanup()

@@ -1,0 +1,175 @@
+"""Helpers for end-to-end tests: the real ``flower-super`` and the real CLI, against the
+scripted model server, judged by files, exit codes, the request log and the process table.
+
+Every process a test starts is tagged through its environment (``FLOWER_TEST_TAG``), which
+the CLI and the tool shells it runs inherit, so "no process of the flower survives" is
+checked against the whole process table, not against a snapshot taken too early.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from flower.testing.cli_env import cli_env
+from flower.testing.model_server import ModelServer
+
+REPO = Path(__file__).resolve().parents[1]
+TAG = "FLOWER_TEST_TAG"
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until truthy; fail the test with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Running (non-zombie) processes whose environment carries ``tag``."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get(TAG) == tag:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+class Flower:
+    """One workspace + run_dir + CLI home, and the flower-super processes run in it."""
+
+    def __init__(self, root: Path, server: ModelServer, *, max_retries: int = 0, extra_env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.ws = root / "ws"
+        self.runs = root / "runs"
+        self.ws.mkdir(parents=True, exist_ok=True)
+        self.server = server
+        self.tag = uuid.uuid4().hex
+        self.env = cli_env(root / "home", server.url, max_retries=max_retries)
+        self.env.update({TAG: self.tag, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
+        self.env.update(extra_env or {})
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    # -- running ----------------------------------------------------------------------
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "supervisor", *args]
+
+    def start(self, *args: str, flow: str | None = None, stdin: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        """``flower-super start`` in the background (its own session, like a shell job)."""
+        cmd = self.argv("start", *args, "-w", str(self.ws), "-r", str(self.runs))
+        if flow:
+            cmd += ["--flow", flow]
+        proc = subprocess.Popen(
+            cmd, cwd=self.root, env=self.env, stdin=stdin,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def run(self, *args: str, flow: str | None = None, timeout: float = 60) -> tuple[int, str]:
+        proc = self.start(*args, flow=flow)
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out.decode("utf-8", "replace")
+
+    def status(self, *extra: str, timeout: float = 30) -> tuple[int, str]:
+        done = subprocess.run(self.argv("status", "-r", str(self.runs), *extra), cwd=self.root, env=self.env,
+                              capture_output=True, timeout=timeout)
+        return done.returncode, done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
+
+    def status_json(self) -> tuple[int, dict[str, Any]]:
+        code, out = self.status("--json")
+        return code, json.loads(out)
+
+    # -- reading the run_dir ----------------------------------------------------------
+
+    def lineage(self) -> dict[str, Any]:
+        return json.loads((self.runs / "lineage.json").read_text(encoding="utf-8"))
+
+    def manifest(self) -> list[dict[str, Any]]:
+        path = self.runs / "manifest.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+
+    def rows(self, step: str) -> list[dict[str, Any]]:
+        return [r for r in self.manifest() if r["step"] == step]
+
+    # -- processes --------------------------------------------------------------------
+
+    def children_of(self, pid: int) -> list[psutil.Process]:
+        try:
+            return psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def step_child(self, sup_pid: int) -> psutil.Process | None:
+        """The supervisor's step child (a direct child that is a python process)."""
+        try:
+            kids = psutil.Process(sup_pid).children()
+        except psutil.Error:
+            return None
+        return next((k for k in kids if "python" in (k.name() or "") or k.name().startswith("flower")), None)
+
+    def survivors(self) -> list[psutil.Process]:
+        return tagged(self.tag)
+
+    def assert_no_survivors(self, within: float = 5.0) -> None:
+        """No process of this flower (supervisor, child, CLI, tool shell) is running."""
+        deadline = time.monotonic() + within
+        left = self.survivors()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = self.survivors()
+        assert not left, "processes survived: " + ", ".join(f"{p.pid} {_cmd(p)}" for p in left)
+
+    def cleanup(self) -> None:
+        for p in self.survivors():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            try:
+                proc.communicate(timeout=10)
+            except (subprocess.TimeoutExpired, ValueError):
+                pass
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())[:120]
+    except psutil.Error:
+        return "?"
+
+
+def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
+    os.kill(proc.pid, sig)
+    try:
+        proc.communicate(timeout=30)
+    except ValueError:
+        proc.wait(timeout=30)
+    return proc.returncode
+
+
+def request_texts(req: Any) -> list[str]:
+    return req.texts()

@@ -1,0 +1,122 @@
+"""Ctrl-C through a real pseudo-terminal: the terminal's SIGINT reaches only the supervisor.
+
+The supervisor runs as the session leader of a pty, like under a shell; its step children
+are in their own process groups, so the ``^C`` typed into the pty signals the supervisor
+alone, which then decides what the child gets.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import subprocess
+import termios
+import time
+
+import pytest
+
+from .e2e import Flower, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # real CLI turns plus a resumed run
+
+FLOW = "tests.flows.basic:one"
+SENTENCE = "也顺便把 README 更新一下"
+
+
+class Pty:
+    """flower-super on a pseudo-terminal; collects what it prints."""
+
+    def __init__(self, f: Flower) -> None:
+        self.master, slave = pty.openpty()
+        cmd = f.argv("start", "--flow", FLOW, "-w", str(f.ws), "-r", str(f.runs))
+        self.proc = subprocess.Popen(
+            cmd, cwd=f.root, env=f.env, stdin=slave, stdout=slave, stderr=slave,
+            preexec_fn=_controlling_tty, close_fds=True,
+        )
+        f.procs.append(self.proc)
+        os.close(slave)
+        self.out = b""
+
+    def pump(self) -> str:
+        while True:
+            try:
+                fcntl.fcntl(self.master, fcntl.F_SETFL, os.O_NONBLOCK)
+                data = os.read(self.master, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            self.out += data
+        return self.out.decode("utf-8", "replace")
+
+    def type(self, data: bytes) -> None:
+        os.write(self.master, data)
+
+    def expect(self, text: str, timeout: float = 30) -> None:
+        wait_until(lambda: text in self.pump(), timeout, f"{text!r} on the terminal")
+
+    def wait(self, timeout: float = 60) -> int:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.pump()
+            time.sleep(0.02)
+        self.pump()
+        return self.proc.wait(timeout=1)
+
+    def close(self) -> None:
+        os.close(self.master)
+
+
+def _controlling_tty() -> None:
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def script(turns: list) -> dict:
+    return {"conversations": [{"name": "only", "match": {"marker": "[[only]]"}, "turns": turns}]}
+
+
+def test_ctrl_c_once_then_a_sentence_reaches_the_same_session(model_server, flower_env):
+    server = model_server(script([{"text": "only done.", "delay": 90, "times": 1}]))
+    f: Flower = flower_env(server)
+    term = Pty(f)
+    try:
+        server.wait_for(lambda reqs: any(r.conversation == "only" for r in reqs), timeout=60)
+        term.type(b"\x03")
+        term.expect("打断了")
+        term.type(SENTENCE.encode() + b"\n")
+        assert term.wait() == 0, term.pump()
+    finally:
+        term.close()
+    asked = [r for r in server.requests if r.conversation == "only" and any(SENTENCE in t for t in r.texts())]
+    assert asked, "the sentence typed after Ctrl-C never reached the model"
+    first = next(r for r in server.requests if r.conversation == "only")
+    assert {r.session_id for r in asked} == {first.session_id}, "the interrupt did not resume the same session"
+    (row,) = f.rows("only")
+    assert row["ok"] and row["attempts"] == 1 and row["session_id"] == first.session_id, row
+    f.assert_no_survivors()
+
+
+def test_ctrl_c_twice_exits_and_the_next_start_resumes(model_server, flower_env):
+    echo = {"tool_use": {"name": "Bash", "input": {"command": "echo hi", "description": "warm up"}}}
+    server = model_server(script([echo, {"text": "only done.", "delay": 90, "times": 1}]))
+    f: Flower = flower_env(server)
+    term = Pty(f)
+    try:
+        # Wait for the second turn: by then the session id is known and in lineage.json.
+        server.wait_for(lambda reqs: any(r.conversation == "only" and r.turn == 1 for r in reqs), timeout=60)
+        term.type(b"\x03")
+        term.expect("打断了")
+        term.type(b"\x03")
+        assert term.wait() == 130, term.pump()
+    finally:
+        term.close()
+    f.assert_no_survivors(within=5.0)
+    assert f.rows("only") == [], "Ctrl-C twice must not write the in-flight step"
+    first = next(r for r in server.requests if r.conversation == "only")
+
+    code, out = f.run(flow=FLOW)
+    assert code == 0, out
+    assert f.lineage()["steps"]["only"] == first.session_id
+    assert {r.session_id for r in server.requests if r.conversation == "only"} == {first.session_id}
