@@ -1,0 +1,302 @@
+"""Lineage: which session each step used, kept across processes in ``runs/lineage.json``.
+
+The file is ``{"workspace": abs path, "woke": N, "steps": {step name: session_id}}``. It is
+the only thing continuity needs beyond ``sessions.db`` (seed 000), so it is written the
+instant a session id is known, through a temp file and an atomic replace, under a file lock
+so concurrent flowers merge their entries instead of overwriting each other.
+
+Two invariants from seed 000 shape every method here:
+
+1. Write the moment the id is known; a failed write (any ``OSError``) is swallowed and never
+   stops the step.
+2. Anything that does not match (another workspace, a session gone from the store, a corrupt
+   file) silently means "start fresh" -- continuity is a bonus and must never block work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock
+
+from .._errors import RunDirBusy
+from .fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
+from .manifest import deferred_signals
+from .registry import Registry
+
+log = logging.getLogger("flower.lineage")
+
+LINEAGE_NAME = "lineage.json"
+JUDGE_MARK = "·判定"
+# filelock's default 50 ms poll gave 0.3-1.5 s waits with four contenders on this machine.
+LOCK_POLL_S = 0.002
+# A lock held this long means a stuck holder; remember() then gives up (and swallows it).
+LOCK_TIMEOUT_S = 10.0
+
+_SUFFIX = re.compile(r"#(?:retry|round)\d+$")
+
+
+def bare_name(label: str) -> str | None:
+    """The lineage key of a step-attempt label, or None when it must never be recorded.
+
+    ``name``, ``name#retryN`` and ``name#roundN`` all map to ``name``; a judge label
+    (``name·判定#N``, anything containing ``·判定``) maps to None: the judge is always a
+    fresh session and never enters lineage.
+    """
+    if not label or JUDGE_MARK in label:
+        return None
+    return _SUFFIX.sub("", label) or None
+
+
+def same_workspace(a: str, b: str) -> bool:
+    """True when two workspace paths give the same SDK project key (sessions are keyed by it)."""
+    if a == b:
+        return True
+    try:
+        # Imported here: loading claude_agent_sdk costs about a second, and equal strings
+        # (the common case) never need it.
+        from claude_agent_sdk._internal.sessions import project_key_for_directory
+    except ImportError:  # pragma: no cover - the SDK is a hard dependency
+        return os.path.realpath(a) == os.path.realpath(b)
+    return project_key_for_directory(a) == project_key_for_directory(b)
+
+
+@dataclass
+class _State:
+    """A well-formed lineage file as read from disk (steps not yet checked against the store)."""
+
+    workspace: str
+    woke: int = 0
+    steps: dict[str, str] = field(default_factory=dict)
+
+
+def _parse(text: str) -> _State | None:
+    """The file's content if it has the right shape, else None (= start fresh)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    workspace, woke, steps = data.get("workspace"), data.get("woke", 0), data.get("steps", {})
+    if not isinstance(workspace, str) or not workspace:
+        return None
+    if type(woke) is not int or woke < 0 or not isinstance(steps, dict):
+        return None
+    good = {k: v for k, v in steps.items() if isinstance(v, str) and v}
+    return _State(workspace, woke, good)
+
+
+class Lineage:
+    """The step-name -> session-id map of one workspace, stored in ``<run_dir>/lineage.json``.
+
+    ``has_session(sid)`` (usually ``Runtime.has_session``) decides whether a remembered session
+    still exists; entries failing it are not used. ``run_id`` is this flower's own registry
+    record, so :meth:`wake` does not mistake itself for another live holder.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        workspace: str | Path,
+        *,
+        has_session: Callable[[str], bool] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LINEAGE_NAME
+        self.workspace = os.path.abspath(os.fspath(workspace))
+        self.has_session = has_session
+        self.run_id = run_id
+        self.woke = 0
+        self.steps: dict[str, str] = {}
+        self._lock = FileLock(
+            f"{self.path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
+        )
+
+    # -- reading ------------------------------------------------------------------------
+
+    def load(self) -> dict[str, str]:
+        """Read-only: the usable steps (also kept in ``self.steps``/``self.woke``).
+
+        Never writes and never raises: a missing, corrupt or foreign file gives ``{}``.
+        """
+        state = self._read()
+        if state is None or not self._ours(state.workspace):
+            self.woke, self.steps = 0, {}
+        else:
+            self.woke, self.steps = state.woke, self._alive(state.steps)
+        return dict(self.steps)
+
+    def _read(self) -> _State | None:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            return None
+        return _parse(text)
+
+    def _ours(self, workspace: str) -> bool:
+        try:
+            return same_workspace(workspace, self.workspace)
+        except (OSError, ValueError):
+            return False
+
+    def _alive(self, steps: dict[str, str]) -> dict[str, str]:
+        """Keep only the entries whose session the store still has."""
+        if self.has_session is None:
+            return dict(steps)
+        return {name: sid for name, sid in steps.items() if self._has(sid)}
+
+    def _has(self, sid: str) -> bool:
+        try:
+            return bool(self.has_session(sid))  # type: ignore[misc]
+        except Exception as exc:  # a broken store must not break waking: treat as gone
+            log.debug("has_session(%s) failed: %s", sid, exc)
+            return False
+
+    # -- waking -------------------------------------------------------------------------
+
+    def wake(self) -> int:
+        """Count one more start (the first run is 1) and return the count.
+
+        Raises :class:`flower.RunDirBusy` only when the file belongs to another workspace and
+        a live flower still holds this run_dir for it; otherwise a foreign or broken file
+        silently means a fresh start. A run_dir that cannot be written does not stop the start.
+        """
+        try:
+            private_dir(self.run_dir)
+            with self._lock, deferred_signals():
+                return self._wake_locked()
+        except OSError as exc:
+            log.debug("lineage %s not writable (%s); waking from what can be read", self.path, exc)
+            self.load()
+            self.woke += 1
+            return self.woke
+
+    def _wake_locked(self) -> int:
+        self._drop_stale_tmp()
+        state = self._read_for_update()
+        if state is not None and not self._ours(state.workspace):
+            self._refuse_if_held()
+            self._quietly_set_aside("workspace")
+            state = None
+        self.woke = (state.woke if state else 0) + 1
+        file_steps = state.steps if state else {}
+        self.steps = self._alive(file_steps)
+        try:
+            self._write(self.woke, file_steps)
+        except OSError as exc:
+            log.debug("lineage %s not written: %s", self.path, exc)
+        return self.woke
+
+    def _refuse_if_held(self) -> None:
+        """Raise RunDirBusy if a live flower holds this run_dir for another workspace."""
+        for rec in Registry(self.run_dir).live(exclude=self.run_id):
+            theirs = os.path.abspath(rec.workspace) if rec.workspace else ""
+            if theirs and not self._ours(theirs):
+                raise RunDirBusy(
+                    f"run_dir {self.run_dir} is in use by flower pid {rec.pid} "
+                    f"for workspace {theirs}",
+                    hint="use another --run-dir (-r), or wait for that flower to finish or stop it",
+                )
+
+    def _read_for_update(self) -> _State | None:
+        """Read under the lock; a file that exists but is unusable is moved aside, not lost."""
+        if not self.path.exists():
+            return None
+        state = self._read()
+        if state is None:
+            self._quietly_set_aside("corrupt")
+        return state
+
+    def _quietly_set_aside(self, reason: str) -> None:
+        try:
+            aside = set_aside(self.path, reason)
+            log.debug("lineage %s did not match; kept it as %s and started fresh", self.path, aside)
+        except OSError as exc:
+            log.debug("could not set %s aside: %s", self.path, exc)
+
+    def _drop_stale_tmp(self) -> None:
+        """Remove temp files of writers killed mid-write: every writer holds the lock we hold."""
+        for tmp in self.run_dir.glob(f".{LINEAGE_NAME}.*.tmp"):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+    # -- remembering --------------------------------------------------------------------
+
+    def remember(self, label: str, session_id: str) -> None:
+        """Record ``label``'s session the instant it is known; never raises ``OSError``.
+
+        Suffixed labels (``#retryN``, ``#roundN``) record under the bare step name; judge
+        labels are ignored. Entries other flowers wrote meanwhile are kept (re-read under lock).
+        """
+        key = bare_name(label)
+        if key is None or not session_id:
+            return
+        self.steps[key] = session_id
+        try:
+            private_dir(self.run_dir)
+            with self._lock, deferred_signals():
+                self._merge_locked(key, session_id)
+        except OSError as exc:
+            log.debug("lineage entry %s not written to %s: %s", key, self.path, exc)
+
+    def _merge_locked(self, key: str, session_id: str) -> None:
+        state = self._read_for_update()
+        if state is not None and self._ours(state.workspace):
+            woke, steps = state.woke, dict(state.steps)
+        else:
+            if state is not None:  # another workspace took the file over since we woke
+                self._quietly_set_aside("workspace")
+            woke, steps = self.woke, {}
+        steps[key] = session_id
+        self._write(woke, steps)
+
+    def _write(self, woke: int, steps: dict[str, str]) -> None:
+        doc = {"workspace": self.workspace, "woke": woke, "steps": steps}
+        atomic_write_text(self.path, json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
+
+    # -- starting over ------------------------------------------------------------------
+
+    def archive(self, into: str | Path, extra: Iterable[str | Path] = ()) -> Path | None:
+        """``--new``: move lineage.json and the ``extra`` files that exist into ``into``.
+
+        ``into`` is created owner-only. Nothing is deleted and ``sessions.db`` is never
+        touched; afterwards ``steps`` is empty and ``woke`` is 0. Returns ``into``, or None
+        when there was nothing to move. Raises OSError: a person asked for a fresh start and
+        must not silently get the old conversation back.
+        """
+        sources = [self.path, *(Path(p) for p in extra)]
+        if self.run_dir.is_dir():
+            with self._lock, deferred_signals():
+                moved = _move_existing(sources, Path(into))
+        else:
+            moved = _move_existing(sources[1:], Path(into))
+        self.steps, self.woke = {}, 0
+        return Path(into) if moved else None
+
+
+def _move_existing(sources: list[Path], into: Path) -> list[Path]:
+    """Move each existing file into ``into`` without overwriting anything already there."""
+    present = [p for p in sources if p.exists()]
+    if not present:
+        return []
+    private_dir(into)
+    moved = []
+    for src in present:
+        target = into / src.name
+        n = 1
+        while target.exists():
+            n += 1
+            target = into / f"{src.stem}-{n}{src.suffix}"
+        moved.append(Path(shutil.move(os.fspath(src), os.fspath(target))))
+    return moved
