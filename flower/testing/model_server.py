@@ -1,0 +1,563 @@
+"""A scripted model server: the Anthropic Messages API on loopback, for tests and the demo.
+
+The real Claude Code CLI talks to whatever ``ANTHROPIC_BASE_URL`` names; point it here
+(see :func:`flower.testing.cli_env.cli_env`) and it gets scripted answers, with no network
+and no API key. Every request is recorded (:attr:`ModelServer.requests`), so a test can
+assert what the model was sent, e.g. that a resumed session carried its earlier turns.
+
+Script format (a dict, or a JSON file holding one)::
+
+    {
+      "conversations": [
+        {"name": "build",
+         "match": {"marker": "[[build]]"},
+         "turns": [
+           {"tool_use": [{"name": "Bash", "input": {"command": "ls"}}]},
+           {"text": "Listed.", "delay": 30, "times": 1},
+           {"error": 529, "times": 2, "text": "Recovered."},
+           {"text": "Big context.", "usage": {"input_tokens": 150000}},
+           {"cut": 3, "times": 1, "text": "After the cut."},
+           {"outage": 5, "times": 1, "text": "Back again."}
+         ]}
+      ],
+      "default": [{"text": "ok"}]
+    }
+
+Conversations: the first whose ``match`` holds answers a request, else ``default``.
+``match`` keys (all given must hold): ``marker`` — a substring of some user text block
+(tool results excluded; the prompt is one); ``system`` — a substring of the system
+prompt; ``session`` — the session id the CLI puts in ``metadata.user_id``.
+
+Turns: which turn answers is read FROM THE REQUEST: one past the last turn of this
+conversation found in the request's assistant history. Our tool_use ids carry their turn
+index (``toolu_01FLWR<turn:4><block:2>…``) and text turns are recognised by their text
+(so keep texts distinct within a conversation), hence the choice survives CLI kills,
+resumes and restarts of the server, with no per-conversation counter.
+
+A turn (a plain string is short for ``{"text": ...}``) has content — ``text`` and/or
+``tool_use`` (one ``{"name", "input"}`` or a list), optional ``usage`` (any of
+``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``,
+``cache_creation_input_tokens``; defaults estimate from sizes) and ``stop_reason`` — plus
+at most one fault, fired instead of the content:
+
+- ``error``: an HTTP error in the real API's JSON shape: a status (``529``), a preset
+  (``"overloaded"``, ``"rate_limit"``, ``"api_error"``, ``"authentication"``,
+  ``"permission"``, ``"invalid_request"``, ``"prompt_too_long"``) or
+  ``{"status", "message"?, "type"?, "retry_after"?}``;
+- ``cut``: stream that many SSE events, then reset the connection;
+- ``outage``: reset the connection and stop listening (connection refused) for that many
+  seconds, then listen on the same port again;
+
+and ``delay``: seconds to hold the request before answering (a test can kill the CLI
+meanwhile). ``times: N`` limits the fault and the delay to the first N requests for that
+turn (counted by the server, per conversation and turn); without it they fire every time,
+and a turn with a permanent fault needs no content. Past the last turn the server answers
+a text naming the problem (logged as ``exhausted``).
+
+Like the real API it rejects (400 ``invalid_request_error``) a request whose ``tool_use``
+ids have no ``tool_result`` in the next message, or whose ``tool_result`` names no
+``tool_use`` of the previous message. It also answers ``count_tokens``, ``/v1/models``
+and ``HEAD``; anything else gets a 404 in the API's shape. All of it is logged.
+
+Run standalone: ``python -m flower.testing.model_server --script FILE [--port N] [--log FILE]``
+prints the URL once listening and serves until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from flower._errors import ConfigError
+
+from . import _wire
+from ._log import RecordedRequest, RequestLog, redact_headers
+from ._script import Script, Selection, Turn, session_id_of, system_text
+
+__all__ = ["ModelServer", "RecordedRequest", "Script", "main"]
+
+T = TypeVar("T")
+_MAX_BODY = 64 * 1024 * 1024
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    app: ModelServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "flower-model-server"
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # the request log is ours
+        pass
+
+    def do_POST(self) -> None:
+        self.server.app._handle(self)
+
+    do_GET = do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
+
+
+class ModelServer:
+    """A loopback Messages API server answering from a script (see the module docstring).
+
+    Thread-safe; serves many CLI processes at once. Use as a context manager or call
+    :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        script: Script | dict[str, Any] | str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self._script = Script.coerce(script)
+        self._host = host
+        self._port = port
+        self._log = RequestLog(log_path)
+        self._lock = threading.Lock()
+        self._fired: dict[tuple[str, int], int] = {}
+        self._conns: set[socket.socket] = set()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._state = threading.Condition()  # notified whenever listening starts or stops
+        self._dark = False
+        self._outage_thread: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> ModelServer:
+        """Bind and serve in background threads; returns self."""
+        self._listen()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening, drop open connections (held requests too), close the log."""
+        self._stopping.set()
+        if self._outage_thread is not None:
+            self._outage_thread.join(timeout=10)  # first: it must not listen again behind us
+        self._unlisten()
+        self._drop_connections()
+        self._log.close()
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` — the value for ``ANTHROPIC_BASE_URL``."""
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def listening(self) -> bool:
+        """False while stopped or in an outage."""
+        return self._httpd is not None
+
+    def wait_listening(self, listening: bool = True, timeout: float = 10.0) -> None:
+        """Wait until the server is (or, with False, is not) listening; TimeoutError if not."""
+        with self._state:
+            if not self._state.wait_for(lambda: self.listening == listening, timeout):
+                state = "listening" if listening else "stopped listening"
+                raise TimeoutError(f"model server: not {state} within {timeout:g}s")
+
+    def set_script(self, script: Script | dict[str, Any] | str | Path) -> None:
+        """Replace the script and forget the ``times`` counters."""
+        parsed = Script.coerce(script)
+        with self._lock:
+            self._script = parsed
+            self._fired.clear()
+
+    def outage(self, seconds: float) -> None:
+        """Drop every connection and refuse new ones for ``seconds``, then listen again."""
+        with self._lock:
+            if self._dark or self._stopping.is_set():
+                return
+            self._dark = True
+        self._outage_thread = threading.Thread(
+            target=self._run_outage, args=(seconds,), name="model-server-outage", daemon=True
+        )
+        self._outage_thread.start()
+
+    # --- the request log ---------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far, oldest first (a snapshot)."""
+        return self._log.snapshot()
+
+    def requests_for(self, session_id: str) -> list[RecordedRequest]:
+        return [r for r in self._log.snapshot() if r.session_id == session_id]
+
+    def texts_sent(self, session_id: str | None = None) -> list[str]:
+        """All text the Messages requests carried (of one session, or of all)."""
+        return [
+            t
+            for r in self._log.snapshot()
+            if r.path == "/v1/messages" and (session_id is None or r.session_id == session_id)
+            for t in r.texts()
+        ]
+
+    def wait_for(self, predicate: Callable[[list[RecordedRequest]], T], timeout: float = 10.0) -> T:
+        """Wait until ``predicate(requests)`` is truthy and return it; TimeoutError if not."""
+        return self._log.wait_for(predicate, timeout)
+
+    # --- listening -----------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                httpd = _HTTPServer((self._host, self._port), _Handler)
+                break
+            except OSError:
+                # Rebinding after an outage: the port can stay busy for a moment.
+                if self._port == 0 or time.monotonic() > deadline:
+                    raise
+                self._stopping.wait(0.05)
+        httpd.app = self
+        self._port = httpd.server_address[1]
+        thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+            name=f"model-server-{self._port}",
+        )
+        thread.start()
+        with self._state:
+            self._httpd, self._thread = httpd, thread
+            self._state.notify_all()
+
+    def _unlisten(self) -> None:
+        httpd, thread = self._httpd, self._thread
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+        with self._state:  # only now: until server_close the kernel still accepts
+            self._httpd = self._thread = None
+            self._state.notify_all()
+
+    def _run_outage(self, seconds: float) -> None:
+        try:
+            self._unlisten()
+            self._drop_connections()
+            if not self._stopping.wait(seconds):
+                self._listen()
+        finally:
+            with self._lock:
+                self._dark = False
+
+    def _drop_connections(self) -> None:
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            _drop(conn)
+
+    # --- handling ------------------------------------------------------------------------
+
+    def _handle(self, h: _Handler) -> None:
+        with self._lock:
+            self._conns.add(h.connection)
+        h.close_connection = True  # one request per connection: outages must bite at once
+        try:
+            self._dispatch(h)
+        except OSError:
+            pass  # the client went away (killed CLI, cut stream): nothing to answer
+        finally:
+            with self._lock:
+                self._conns.discard(h.connection)
+
+    def _dispatch(self, h: _Handler) -> None:
+        raw = _read_body(h)
+        path = urlsplit(h.path).path.rstrip("/")
+        if h.command == "HEAD":
+            self._record(h, {}, answer="head")
+            _send(h, 200, b"", "text/plain")
+        elif h.command == "POST" and path == "/v1/messages":
+            self._messages(h, raw)
+        elif h.command == "POST" and path == "/v1/messages/count_tokens":
+            body = _json_or_none(raw) or {}
+            self._record(h, body, answer="count_tokens")
+            _send_json(h, 200, {"input_tokens": _wire.estimate_tokens(len(raw))})
+        elif h.command == "GET" and path.startswith("/v1/models"):
+            self._record(h, {}, answer="models")
+            _send_json(h, 200, _models_page())
+        else:
+            self._record(h, _json_or_none(raw) or {}, answer="not_found", status=404)
+            err = _wire.ApiError.of(404, f"Not found: {h.command} {h.path}")
+            _send_json(h, 404, err.body())
+
+    def _messages(self, h: _Handler, raw: bytes) -> None:
+        body = _json_or_none(raw)
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            self._reject(h, body if isinstance(body, dict) else {}, "messages: Field required")
+            return
+        problem = _wire.tool_pairing_error(body["messages"])
+        if problem:
+            self._reject(h, body, problem)
+            return
+        with self._lock:
+            sel = self._script.select(body)
+            active = self._consume(sel)
+        kind, status, turn = _plan(sel, active)
+        delay = sel.turn.delay if (active and sel.turn is not None) else 0.0
+        self._record(h, body, sel=sel, answer=kind, status=status, delay=delay)
+        if delay and self._stopping.wait(delay):
+            _reset(h)
+            return
+        self._answer(h, body, raw, sel, kind, turn)
+
+    def _consume(self, sel: Selection) -> bool:
+        """Whether this request fires the turn's fault/delay (counts it if so). Holds _lock."""
+        turn = sel.turn
+        if turn is None or sel.conversation is None:
+            return False
+        if turn.fault_kind is None and not turn.delay:
+            return False
+        key = (sel.conversation.name, sel.index)
+        if turn.times is not None and self._fired.get(key, 0) >= turn.times:
+            return False
+        self._fired[key] = self._fired.get(key, 0) + 1
+        return True
+
+    def _answer(
+        self, h: _Handler, body: dict[str, Any], raw: bytes, sel: Selection, kind: str, turn: Turn
+    ) -> None:
+        if kind == "error":
+            assert turn.error is not None
+            _send_json(h, turn.error.status, turn.error.body(), turn.error.headers())
+            return
+        if kind == "outage":
+            _reset(h)
+            self.outage(turn.outage or 0.0)
+            return
+        ids = turn.tool_ids(sel.index)
+        usage = _wire.usage_for(turn, _wire.estimate_tokens(len(raw)))
+        model = str(body.get("model") or "claude-scripted")
+        cut = turn.cut if kind == "cut" else None
+        if body.get("stream"):
+            _send_stream(h, _wire.sse_events(turn, model, ids, usage), cut)
+        else:
+            _send_message(h, _wire.message(turn, model, ids, usage), cut)
+
+    def _reject(self, h: _Handler, body: dict[str, Any], message: str) -> None:
+        self._record(h, body, answer="rejected", status=400, detail=message)
+        _send_json(h, 400, _wire.error_body("invalid_request_error", message))
+
+    def _record(
+        self,
+        h: _Handler,
+        body: dict[str, Any],
+        *,
+        answer: str,
+        status: int = 200,
+        sel: Selection | None = None,
+        delay: float = 0.0,
+        detail: str = "",
+    ) -> None:
+        stream = body.get("stream")
+        self._log.add(
+            RecordedRequest(
+                seq=0,
+                time=time.time(),
+                method=h.command,
+                path=urlsplit(h.path).path,
+                headers=redact_headers(h.headers),
+                session_id=session_id_of(body) or h.headers.get("x-claude-code-session-id"),
+                conversation=sel.conversation.name if sel and sel.conversation else None,
+                turn=sel.index if sel and sel.conversation else None,
+                stream=bool(stream) if stream is not None else None,
+                model=body.get("model"),
+                system=system_text(body),
+                messages=list(body.get("messages") or []),
+                tools=[str(t.get("name")) for t in body.get("tools") or [] if isinstance(t, dict)],
+                answer=answer,
+                status=status,
+                delay=delay,
+                detail=detail,
+            )
+        )
+
+
+def _plan(sel: Selection, active: bool) -> tuple[str, int, Turn]:
+    """(answer kind, HTTP status, the turn to send) for a selection."""
+    if sel.conversation is None:
+        return "unmatched", 200, Turn(text="[model server] no conversation matches this request")
+    turn = sel.turn
+    if turn is None:
+        note = f"[model server] conversation {sel.conversation.name!r} has no turn {sel.index}"
+        return "exhausted", 200, Turn(text=note)
+    fault = turn.fault_kind if active else None
+    if fault == "error":
+        assert turn.error is not None
+        return "error", turn.error.status, turn
+    if fault is not None:
+        return fault, 200, turn
+    return turn.content_kind(), 200, turn
+
+
+# --- HTTP plumbing -----------------------------------------------------------------------
+
+
+def _read_body(h: _Handler) -> bytes:
+    try:
+        n = int(h.headers.get("content-length") or 0)
+    except ValueError:
+        n = 0
+    return h.rfile.read(min(max(n, 0), _MAX_BODY)) if n else b""
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _models_page() -> dict[str, Any]:
+    model = {
+        "type": "model",
+        "id": "claude-scripted",
+        "display_name": "Scripted",
+        "created_at": "2026-01-01T00:00:00Z",
+    }
+    return {"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}
+
+
+def _head(h: _Handler, status: int, ctype: str, extra: dict[str, str] | None = None) -> None:
+    h.send_response(status)
+    h.send_header("content-type", ctype)
+    h.send_header("request-id", _wire.new_id("req_011C"))
+    h.send_header("connection", "close")
+    for k, v in (extra or {}).items():
+        h.send_header(k, v)
+
+
+def _send(
+    h: _Handler, status: int, data: bytes, ctype: str, extra: dict[str, str] | None = None
+) -> None:
+    _head(h, status, ctype, extra)
+    h.send_header("content-length", str(len(data)))
+    h.end_headers()
+    if h.command != "HEAD":
+        h.wfile.write(data)
+    h.wfile.flush()
+
+
+def _send_json(h: _Handler, status: int, obj: Any, extra: dict[str, str] | None = None) -> None:
+    _send(h, status, json.dumps(obj, ensure_ascii=False).encode(), "application/json", extra)
+
+
+def _send_message(h: _Handler, msg: dict[str, Any], cut: int | None) -> None:
+    data = json.dumps(msg, ensure_ascii=False).encode()
+    if cut is None:
+        _send(h, 200, data, "application/json")
+        return
+    _head(h, 200, "application/json")
+    h.send_header("content-length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data[: len(data) // 2])
+    h.wfile.flush()
+    _reset(h)
+
+
+def _send_stream(h: _Handler, events: list[bytes], cut: int | None) -> None:
+    """SSE over chunked encoding, as the real API; ``cut`` resets after that many events."""
+    _head(h, 200, "text/event-stream; charset=utf-8", {"cache-control": "no-cache"})
+    h.send_header("transfer-encoding", "chunked")
+    h.end_headers()
+    for n, event in enumerate(events):
+        if cut is not None and n >= cut:
+            h.wfile.flush()
+            _reset(h)
+            return
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        h.wfile.flush()
+    h.wfile.write(b"0\r\n\r\n")
+    h.wfile.flush()
+
+
+def _reset(h: _Handler) -> None:
+    """Abort this handler's connection with RST, the way a dropped network path looks."""
+    try:
+        h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        h.rfile.close()  # the fd closes only once no file object refers to it
+        h.connection.close()
+    except OSError:
+        pass
+
+
+def _drop(conn: socket.socket) -> None:
+    """Break a connection another thread is serving: it sees EOF/errors, the client a reset."""
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flower.testing.model_server --script FILE [--port N] [--log FILE]``."""
+    parser = argparse.ArgumentParser(
+        prog="model-server",
+        description="Serve the Anthropic Messages API on loopback from a script (no network).",
+    )
+    parser.add_argument("--script", required=True, help="JSON script (format: see module docs)")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free one)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--log", help="append every request to this JSONL file (0600)")
+    args = parser.parse_args(argv)
+    try:
+        server = ModelServer(args.script, host=args.host, port=args.port, log_path=args.log)
+        server.start()
+    except ConfigError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"model-server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return _serve_until_signal(server)
+
+
+def _serve_until_signal(server: ModelServer) -> int:
+    done = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        print(server.url, flush=True)
+        done.wait()
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
