@@ -478,6 +478,15 @@ def test_tool_result_without_tool_use_is_rejected(model_server):
     )
 
 
+def test_the_documented_example_script_parses():
+    from flower.testing import model_server as module
+
+    doc = module.__doc__ or ""
+    example = doc.split("Script format (a dict, or a JSON file holding one)::", 1)[1]
+    script = Script.from_dict(json.loads(example.split("Conversations:", 1)[0]))
+    assert [len(c.turns) for c in script.conversations] == [6] and script.default is not None
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -654,6 +663,11 @@ E2E_SCRIPT: dict[str, Any] = {
             "turns": [{"cut": 4, "times": 1, "text": "Whole after the cut."}],
         },
         {
+            "name": "outage",
+            "match": {"marker": "[[outage]]"},
+            "turns": [{"outage": 1.0, "times": 1, "text": "Back after the outage."}],
+        },
+        {
             "name": "resume",
             "match": {"marker": "[[resume]]"},
             "turns": [
@@ -780,6 +794,15 @@ def test_cli_stream_cut(e2e_server, claude_home, reaper):
     home2 = claude_home(e2e_server, max_retries=1)
     res2 = _claude(reaper, home2, "[[cut-once]] try").result
     assert res2["is_error"] is False and res2["result"] == "Whole after the cut."
+
+
+@pytest.mark.e2e
+def test_cli_rides_out_an_outage_with_its_own_retries(e2e_server, claude_home, reaper):
+    home = claude_home(e2e_server, max_retries=4)
+    res = _claude(reaper, home, "[[outage]] go").result
+    assert res["is_error"] is False and res["result"] == "Back after the outage."
+    assert [r.answer for r in e2e_server.requests] == ["outage", "text"]
+    assert e2e_server.requests[1].time - e2e_server.requests[0].time >= 1.0
 
 
 @pytest.mark.e2e

@@ -144,6 +144,9 @@ class Script:
         convs = tuple(
             _parse_conversation(c, i) for i, c in enumerate(data.get("conversations") or [])
         )
+        names = [c.name for c in convs]
+        if len(set(names)) != len(names):
+            raise _bad(f"conversation names must be unique, got {names}")
         default = None
         if data.get("default") is not None:
             default = _parse_default(data["default"])

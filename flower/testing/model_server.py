@@ -54,10 +54,25 @@ turn (counted by the server, per conversation and turn); without it they fire ev
 and a turn with a permanent fault needs no content. Past the last turn the server answers
 a text naming the problem (logged as ``exhausted``).
 
+The CLI compacts on its own when the reported context nears the window (measured: at
+about 98% of the 1M window of its default model) and after a "prompt is too long" in a
+multi-turn session: it then sends a summary request whose last user text starts with
+``CRITICAL: Respond with TEXT ONLY``. Route those with a conversation matching that
+marker, listed first; set ``DISABLE_AUTO_COMPACT=1`` in the CLI's environment to avoid them.
+
 Like the real API it rejects (400 ``invalid_request_error``) a request whose ``tool_use``
 ids have no ``tool_result`` in the next message, or whose ``tool_result`` names no
 ``tool_use`` of the previous message. It also answers ``count_tokens``, ``/v1/models``
 and ``HEAD``; anything else gets a 404 in the API's shape. All of it is logged.
+
+In a test::
+
+    with ModelServer(script, log_path=tmp / "requests.jsonl") as server:
+        env = cli_env(tmp / "home", server.url)          # flower.testing.cli_env
+        subprocess.run([claude_path(), "-p", "[[build]] go", "--output-format", "json"],
+                       env=env, cwd=work, capture_output=True, timeout=60)
+        held = server.wait_for(lambda reqs: [r for r in reqs if r.turn == 1])
+        assert not any("API Error" in t for t in server.texts_sent(held[0].session_id))
 
 Run standalone: ``python -m flower.testing.model_server --script FILE [--port N] [--log FILE]``
 prints the URL once listening and serves until SIGTERM or SIGINT.
@@ -66,10 +81,8 @@ prints the URL once listening and serves until SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -81,14 +94,13 @@ from urllib.parse import urlsplit
 
 from flower._errors import ConfigError
 
-from . import _wire
+from . import _http, _wire
 from ._log import RecordedRequest, RequestLog, redact_headers
 from ._script import Script, Selection, Turn, session_id_of, system_text
 
 __all__ = ["ModelServer", "RecordedRequest", "Script", "main"]
 
 T = TypeVar("T")
-_MAX_BODY = 64 * 1024 * 1024
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -275,7 +287,7 @@ class ModelServer:
         with self._lock:
             conns = list(self._conns)
         for conn in conns:
-            _drop(conn)
+            _http.drop(conn)
 
     # --- handling ------------------------------------------------------------------------
 
@@ -292,27 +304,27 @@ class ModelServer:
                 self._conns.discard(h.connection)
 
     def _dispatch(self, h: _Handler) -> None:
-        raw = _read_body(h)
+        raw = _http.read_body(h)
         path = urlsplit(h.path).path.rstrip("/")
         if h.command == "HEAD":
             self._record(h, {}, answer="head")
-            _send(h, 200, b"", "text/plain")
+            _http.send(h, 200, b"", "text/plain")
         elif h.command == "POST" and path == "/v1/messages":
             self._messages(h, raw)
         elif h.command == "POST" and path == "/v1/messages/count_tokens":
-            body = _json_or_none(raw) or {}
+            body = _http.json_or_none(raw) or {}
             self._record(h, body, answer="count_tokens")
-            _send_json(h, 200, {"input_tokens": _wire.estimate_tokens(len(raw))})
+            _http.send_json(h, 200, {"input_tokens": _wire.estimate_tokens(len(raw))})
         elif h.command == "GET" and path.startswith("/v1/models"):
             self._record(h, {}, answer="models")
-            _send_json(h, 200, _models_page())
+            _http.send_json(h, 200, _http.models_page())
         else:
-            self._record(h, _json_or_none(raw) or {}, answer="not_found", status=404)
+            self._record(h, _http.json_or_none(raw) or {}, answer="not_found", status=404)
             err = _wire.ApiError.of(404, f"Not found: {h.command} {h.path}")
-            _send_json(h, 404, err.body())
+            _http.send_json(h, 404, err.body())
 
     def _messages(self, h: _Handler, raw: bytes) -> None:
-        body = _json_or_none(raw)
+        body = _http.json_or_none(raw)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             self._reject(h, body if isinstance(body, dict) else {}, "messages: Field required")
             return
@@ -327,7 +339,7 @@ class ModelServer:
         delay = sel.turn.delay if (active and sel.turn is not None) else 0.0
         self._record(h, body, sel=sel, answer=kind, status=status, delay=delay)
         if delay and self._stopping.wait(delay):
-            _reset(h)
+            _http.reset(h)
             return
         self._answer(h, body, raw, sel, kind, turn)
 
@@ -349,10 +361,10 @@ class ModelServer:
     ) -> None:
         if kind == "error":
             assert turn.error is not None
-            _send_json(h, turn.error.status, turn.error.body(), turn.error.headers())
+            _http.send_json(h, turn.error.status, turn.error.body(), turn.error.headers())
             return
         if kind == "outage":
-            _reset(h)
+            _http.reset(h)
             self.outage(turn.outage or 0.0)
             return
         ids = turn.tool_ids(sel.index)
@@ -360,13 +372,13 @@ class ModelServer:
         model = str(body.get("model") or "claude-scripted")
         cut = turn.cut if kind == "cut" else None
         if body.get("stream"):
-            _send_stream(h, _wire.sse_events(turn, model, ids, usage), cut)
+            _http.send_stream(h, _wire.sse_events(turn, model, ids, usage), cut)
         else:
-            _send_message(h, _wire.message(turn, model, ids, usage), cut)
+            _http.send_message(h, _wire.message(turn, model, ids, usage), cut)
 
     def _reject(self, h: _Handler, body: dict[str, Any], message: str) -> None:
         self._record(h, body, answer="rejected", status=400, detail=message)
-        _send_json(h, 400, _wire.error_body("invalid_request_error", message))
+        _http.send_json(h, 400, _wire.error_body("invalid_request_error", message))
 
     def _record(
         self,
@@ -418,106 +430,6 @@ def _plan(sel: Selection, active: bool) -> tuple[str, int, Turn]:
     if fault is not None:
         return fault, 200, turn
     return turn.content_kind(), 200, turn
-
-
-# --- HTTP plumbing -----------------------------------------------------------------------
-
-
-def _read_body(h: _Handler) -> bytes:
-    try:
-        n = int(h.headers.get("content-length") or 0)
-    except ValueError:
-        n = 0
-    return h.rfile.read(min(max(n, 0), _MAX_BODY)) if n else b""
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return None
-
-
-def _models_page() -> dict[str, Any]:
-    model = {
-        "type": "model",
-        "id": "claude-scripted",
-        "display_name": "Scripted",
-        "created_at": "2026-01-01T00:00:00Z",
-    }
-    return {"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}
-
-
-def _head(h: _Handler, status: int, ctype: str, extra: dict[str, str] | None = None) -> None:
-    h.send_response(status)
-    h.send_header("content-type", ctype)
-    h.send_header("request-id", _wire.new_id("req_011C"))
-    h.send_header("connection", "close")
-    for k, v in (extra or {}).items():
-        h.send_header(k, v)
-
-
-def _send(
-    h: _Handler, status: int, data: bytes, ctype: str, extra: dict[str, str] | None = None
-) -> None:
-    _head(h, status, ctype, extra)
-    h.send_header("content-length", str(len(data)))
-    h.end_headers()
-    if h.command != "HEAD":
-        h.wfile.write(data)
-    h.wfile.flush()
-
-
-def _send_json(h: _Handler, status: int, obj: Any, extra: dict[str, str] | None = None) -> None:
-    _send(h, status, json.dumps(obj, ensure_ascii=False).encode(), "application/json", extra)
-
-
-def _send_message(h: _Handler, msg: dict[str, Any], cut: int | None) -> None:
-    data = json.dumps(msg, ensure_ascii=False).encode()
-    if cut is None:
-        _send(h, 200, data, "application/json")
-        return
-    _head(h, 200, "application/json")
-    h.send_header("content-length", str(len(data)))
-    h.end_headers()
-    h.wfile.write(data[: len(data) // 2])
-    h.wfile.flush()
-    _reset(h)
-
-
-def _send_stream(h: _Handler, events: list[bytes], cut: int | None) -> None:
-    """SSE over chunked encoding, as the real API; ``cut`` resets after that many events."""
-    _head(h, 200, "text/event-stream; charset=utf-8", {"cache-control": "no-cache"})
-    h.send_header("transfer-encoding", "chunked")
-    h.end_headers()
-    for n, event in enumerate(events):
-        if cut is not None and n >= cut:
-            h.wfile.flush()
-            _reset(h)
-            return
-        h.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-        h.wfile.flush()
-    h.wfile.write(b"0\r\n\r\n")
-    h.wfile.flush()
-
-
-def _reset(h: _Handler) -> None:
-    """Abort this handler's connection with RST, the way a dropped network path looks."""
-    try:
-        h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        h.rfile.close()  # the fd closes only once no file object refers to it
-        h.connection.close()
-    except OSError:
-        pass
-
-
-def _drop(conn: socket.socket) -> None:
-    """Break a connection another thread is serving: it sees EOF/errors, the client a reset."""
-    try:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 # --- command line ------------------------------------------------------------------------
