@@ -256,7 +256,7 @@ class Manifest:
         """Validate the whole file; append if it is canonical, else rewrite it canonically."""
         entries, verdict = decode(_pread_all(fd, size, 0))
         if verdict in ("torn", "corrupt"):
-            self._set_aside(verdict)
+            self._set_aside(verdict, len(entries))
         missing = self._missing_own(entries)
         if verdict is None or (verdict == "empty" and size == 0):
             self._append(fd, size, len(entries), missing)
@@ -274,12 +274,18 @@ class Manifest:
                 missing.append(raw)
         return missing
 
-    def _set_aside(self, verdict: str) -> None:
+    def _set_aside(self, verdict: str, whole_rows: int) -> None:
         aside = set_aside(self.path, verdict)
-        what = "was cut short mid-write" if verdict == "torn" else "is not a JSON array of rows"
-        log.warning(
-            "manifest %s %s; kept it as %s and started a fresh one", self.path, what, aside
-        )
+        if verdict == "torn":
+            log.warning(
+                "manifest %s was cut short mid-write; kept it as %s and rewrote its %d whole rows",
+                self.path, aside, whole_rows,
+            )
+        else:
+            log.warning(
+                "manifest %s is not a JSON array of rows; kept it as %s and started a fresh one",
+                self.path, aside,
+            )
 
     def _append(self, fd: int, size: int, rows: int, raws: list[bytes]) -> None:
         """Write ``raws`` over the closing bracket in one pwrite; restore the tail on error."""
