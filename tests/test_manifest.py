@@ -359,6 +359,20 @@ def test_steady_state_write_reads_only_what_others_appended(runs: Path, monkeypa
     assert max(read_sizes[2:]) < big // 10
 
 
+def test_a_new_manifest_object_per_write_stays_fast(runs: Path, monkeypatch) -> None:
+    """Runtime builds a Manifest per write; objects of one run share what they know."""
+    old_history(runs, 20)
+    full_passes = []
+    real_full = Manifest._full_pass
+    monkeypatch.setattr(
+        Manifest, "_full_pass", lambda self, *a: (full_passes.append(1), real_full(self, *a))
+    )
+    for i in range(10):
+        Manifest(runs, "per-write").record(StepResult(step=f"s{i}"))
+    assert full_passes == [1]
+    assert [r["step"] for r in read_manifest(runs)][20:] == [f"s{i}" for i in range(10)]
+
+
 # -- signals and files ------------------------------------------------------------------
 
 

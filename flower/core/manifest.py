@@ -14,7 +14,7 @@ in a canonical layout, one row per line::
     ]
 
 and a write replaces the final ``\\n]\\n`` with ``,\\n{row}\\n]\\n`` in ONE ``pwrite`` (then
-fsync). The whole file is validated once per :class:`Manifest`; later writes validate only the
+fsync). The whole file is validated once per run and process; later writes validate only the
 bytes other processes appended since, and fall back to a full pass when the file was replaced,
 shrank, changed before our last known end, or is not in that layout (then it is rewritten in
 it, every row kept). A file cut short mid-append (power loss, or SIGKILL during a multi-page
@@ -29,9 +29,10 @@ import json
 import logging
 import os
 import signal
+import threading
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,27 @@ class _View:
         return self.size - len(_TAIL) if self.rows else len(_HEAD)
 
 
+@dataclass
+class _RunState:
+    """What one run (in this process) wrote to one manifest and knows of the file."""
+
+    mine: list[bytes] = field(default_factory=list)  # every row recorded, in order
+    pending: list[bytes] = field(default_factory=list)  # rows not yet known to be on disk
+    view: _View | None = None
+
+
+# Shared by every Manifest object of the same file and run in this process: a caller that
+# builds a new Manifest per write (Runtime does) must not pay a full validation each time.
+# Only touched under the file lock, which also serialises this process's threads.
+_RUN_STATES: dict[tuple[str, str], _RunState] = {}
+_RUN_STATES_LOCK = threading.Lock()
+
+
+def _run_state(path: Path, run_id: str) -> _RunState:
+    with _RUN_STATES_LOCK:
+        return _RUN_STATES.setdefault((os.path.abspath(path), run_id), _RunState())
+
+
 def _lock_for(run_dir: Path) -> FileLock:
     return FileLock(
         run_dir / f"{MANIFEST_NAME}.lock",
@@ -189,16 +211,18 @@ def _lock_for(run_dir: Path) -> FileLock:
 
 
 class Manifest:
-    """This process's writer of ``<run_dir>/manifest.json`` (``run_id`` marks its rows)."""
+    """This process's writer of ``<run_dir>/manifest.json`` (``run_id`` marks its rows).
+
+    Objects for the same file and run id share what they know, so making one per write
+    costs no more than keeping one.
+    """
 
     def __init__(self, run_dir: str | Path, run_id: str) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / MANIFEST_NAME
         self.run_id = run_id
         self._lock = _lock_for(self.run_dir)
-        self._mine: list[bytes] = []  # every row this object recorded, in order
-        self._pending: list[bytes] = []  # rows not yet known to be on disk
-        self._view: _View | None = None
+        self._run = _run_state(self.path, run_id)
 
     def record(self, result: StepResult) -> dict[str, Any]:
         """Append ``result``'s row (under the lock, fsynced) and return the row.
@@ -208,8 +232,8 @@ class Manifest:
         """
         row = manifest_row(result, self.run_id)
         raw = _dumps(row)
-        self._mine.append(raw)
-        self._pending.append(raw)
+        self._run.mine.append(raw)
+        self._run.pending.append(raw)
         private_dir(self.run_dir)
         with self._lock, deferred_signals():
             self._write_locked()
@@ -227,16 +251,16 @@ class Manifest:
             st = os.fstat(fd)
             rows = self._rows_if_only_appended(fd, st)
             if rows is not None:
-                self._append(fd, st.st_size, rows, self._pending)
+                self._append(fd, st.st_size, rows, self._run.pending)
             else:
                 self._full_pass(fd, st.st_size)
         finally:
             os.close(fd)
-        self._pending.clear()
+        self._run.pending.clear()
 
     def _rows_if_only_appended(self, fd: int, st: os.stat_result) -> int | None:
         """The row count if the file is ours plus whole rows others appended, else None."""
-        v = self._view
+        v = self._run.view
         if v is None or (st.st_dev, st.st_ino) != (v.dev, v.ino) or st.st_size < v.size:
             return None
         end = v.body_end
@@ -267,7 +291,7 @@ class Manifest:
         """Rows this object recorded that the file lacks (e.g. after a set-aside)."""
         on_disk = Counter(raw for raw, row in entries if row.get("run") == self.run_id)
         missing = []
-        for raw in self._mine:
+        for raw in self._run.mine:
             if on_disk[raw]:
                 on_disk[raw] -= 1
             else:
@@ -306,7 +330,7 @@ class Manifest:
                 raise
             size, rows = at + len(payload), rows + len(raws)
         st = os.fstat(fd)
-        self._view = self._make_view(fd, st.st_dev, st.st_ino, size, rows)
+        self._run.view = self._make_view(fd, st.st_dev, st.st_ino, size, rows)
 
     def _rewrite(self, raws: list[bytes]) -> None:
         data = _HEAD + b",\n".join(raws) + _TAIL if raws else _EMPTY
@@ -314,7 +338,7 @@ class Manifest:
         fd = os.open(self.path, os.O_RDONLY)
         try:
             st = os.fstat(fd)
-            self._view = self._make_view(fd, st.st_dev, st.st_ino, len(data), len(raws))
+            self._run.view = self._make_view(fd, st.st_dev, st.st_ino, len(data), len(raws))
         finally:
             os.close(fd)
 
