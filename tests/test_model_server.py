@@ -412,30 +412,33 @@ def test_delay_holds_the_request_and_stop_releases_it(tmp_path):
     assert not t.is_alive() and time.monotonic() - started < 5 and errors
 
 
-def test_concurrent_requests_are_served_in_parallel(model_server):
-    server = model_server(
-        {
-            "conversations": [
-                {"match": {"marker": "[[slow]]"}, "turns": [{"text": "slow", "delay": 1.0}]}
-            ],
-            "default": ["fast"],
-        }
-    )
-    results: dict[str, float] = {}
-
-    def call(marker: str) -> None:
-        started = time.monotonic()
-        _post(server, _body(_user(marker)))
-        results[marker] = time.monotonic() - started
-
-    threads = [
-        threading.Thread(target=call, args=(m,)) for m in ("[[slow]] a", "[[slow]] b", "quick")
+def test_concurrent_requests_are_served_in_parallel():
+    script = {
+        "conversations": [{"match": {"marker": "[[held]]"}, "turns": [{"text": "x", "delay": 60}]}],
+        "default": ["fast"],
+    }
+    server = ModelServer(script).start()
+    held = [
+        threading.Thread(target=_post_quietly, args=(server, m))
+        for m in ("[[held]] a", "[[held]] b")
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
-    assert results["quick"] < 0.9 and max(results.values()) < 1.9
+    try:
+        for t in held:
+            t.start()
+        server.wait_for(lambda reqs: len(reqs) == 2, timeout=10)  # both held at once
+        assert json.loads(_post(server, _body(_user("quick")))[2])["content"][0]["text"] == "fast"
+    finally:
+        server.stop()
+        for t in held:
+            t.join(timeout=10)
+    assert not any(t.is_alive() for t in held)
+
+
+def _post_quietly(server: ModelServer, text: str) -> None:
+    try:
+        _post(server, _body(_user(text)))
+    except (OSError, http.client.HTTPException):
+        pass  # released by stop(): the connection is dropped
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -789,8 +792,11 @@ def test_cli_stream_cut(e2e_server, claude_home, reaper):
     res = _claude(reaper, home, "[[cut]] try").result
     assert res["is_error"] is True and res["api_error_status"] is None
     assert "Connection to the API was lost" in res["result"]
-    # After a broken stream the CLI falls back to one non-streaming request (retries=0 or not).
-    assert [(r.answer, r.stream) for r in e2e_server.requests] == [("cut", True), ("cut", False)]
+    # After a broken stream the CLI falls back to a non-streaming request, even with
+    # retries=0 (under load it sometimes tries one more stream first).
+    answers = [(r.answer, r.stream) for r in e2e_server.requests]
+    assert answers[0] == ("cut", True) and answers[-1] == ("cut", False)
+    assert {a for a, _ in answers} == {"cut"} and len(answers) <= 3
     home2 = claude_home(e2e_server, max_retries=1)
     res2 = _claude(reaper, home2, "[[cut-once]] try").result
     assert res2["is_error"] is False and res2["result"] == "Whole after the cut."

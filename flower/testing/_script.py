@@ -325,8 +325,9 @@ def _parse_conversation(data: Any, i: int) -> Conversation:
 
 def _parse_turns(data: dict[str, Any], name: str) -> tuple[Turn, ...]:
     turns = data.get("turns")
-    if not isinstance(turns, list) or not turns:
-        raise _bad(f"conversation {name!r}: 'turns' must be a non-empty list")
+    if not isinstance(turns, list) or not turns or len(turns) > 9999:
+        # tool_use ids carry the turn index in four digits
+        raise _bad(f"conversation {name!r}: 'turns' must be a list of 1..9999 turns")
     return tuple(_parse_turn(t, f"{name!r} turn {j}") for j, t in enumerate(turns))
 
 
