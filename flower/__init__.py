@@ -1,19 +1,75 @@
 """flower: continuous multi-step LLM-agent workflows on claude-agent-sdk.
 
-Run it again in the same directory and it carries on the same conversation.
+Run it again in the same directory and it carries on the same conversation::
+
+    from flower import AgentSpec, Runtime, Step, Workflow
+
+The session stores import the SDK (about a second), so they load on first use.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from ._errors import ConfigError, FlowerError, RunDirBusy
+from .core.agent import AgentSpec, CompactPolicy, build_options, merge_hooks
+from .core.credentials import CredentialsError
+from .core.lineage import Lineage
+from .core.manifest import Manifest, read_manifest
+from .core.resilience import Resilience
 from .core.result import Event, StepResult
+from .core.runtime import Runtime
+from .core.window import HandoffPolicy, default_window
+from .docs.handoff import Handoff
+from .workflow import Step, StepAbort, Workflow
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "SqliteSessionStore": "flower.stores.sqlite",
+    "TrimmingSessionStore": "flower.stores.trim",
+    "TrimPolicy": "flower.stores.trim",
+    "EphemeralPolicy": "flower.stores.trim",
+    "is_ephemeral": "flower.stores.trim",
+    "PruningSessionStore": "flower.stores.prune",
+    "PrunePolicy": "flower.stores.prune",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'flower' has no attribute {name!r}")
+
+
 __all__ = [
+    "AgentSpec",
+    "CompactPolicy",
     "ConfigError",
+    "CredentialsError",
+    "EphemeralPolicy",
     "Event",
     "FlowerError",
+    "Handoff",
+    "HandoffPolicy",
+    "Lineage",
+    "Manifest",
+    "PruningSessionStore",
+    "PrunePolicy",
+    "Resilience",
     "RunDirBusy",
+    "Runtime",
+    "SqliteSessionStore",
+    "Step",
+    "StepAbort",
     "StepResult",
+    "TrimPolicy",
+    "TrimmingSessionStore",
+    "Workflow",
+    "build_options",
+    "default_window",
+    "is_ephemeral",
+    "merge_hooks",
+    "read_manifest",
 ]

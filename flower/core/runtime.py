@@ -71,6 +71,7 @@ class Runtime:
         self.on_session: Callable[[str], None] | None = None
         self.store = self._make_store()
         self.record: FlowerRecord | None = None
+        self._manifest: Manifest | None = None
         self._client: Any = None
         self._interrupt_text: str | None = None
         self._interrupted = False
@@ -124,7 +125,9 @@ class Runtime:
 
     @property
     def manifest(self) -> Manifest:
-        return Manifest(self.run_dir, self.run_id)
+        if self._manifest is None or self._manifest.run_id != self.run_id:
+            self._manifest = Manifest(self.run_dir, self.run_id)
+        return self._manifest
 
     def close(self) -> None:
         """Close the stores (the only cleanup a double Ctrl-C still does)."""
