@@ -127,8 +127,12 @@ class Registry:
         return out
 
     def live(self, *, exclude: str | None = None) -> list[FlowerRecord]:
-        """Records whose process is alive right now (optionally not counting ``exclude``)."""
-        return [r for r in self.records() if r.run != exclude and r.alive]
+        """Flowers running right now: the record says running and its process is alive.
+
+        A record that ended (finished, failed, killed) holds nothing even if its process
+        lives on, e.g. a library user running two flows one after the other.
+        """
+        return [r for r in self.records() if r.run != exclude and r.state == RUNNING and r.alive]
 
 
 def _read(path: Path) -> FlowerRecord | None:

@@ -1,0 +1,219 @@
+"""Workflow control flow (pure logic): a Runtime whose model is a table of canned results.
+
+Lineage, manifest and the registry are the real ones on disk; only the SDK attempt is
+replaced, so these tests pin down when / gate / on_reject / reduce / retries / on_fail,
+session continuity across runs, and seed 004's skip of unchanged completed steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flower import AgentSpec, ConfigError, Runtime, Step, StepAbort, StepResult, Workflow
+from flower.core.registry import Registry
+
+SPEC = AgentSpec(name="t", instructions="x")
+
+
+class FakeRuntime(Runtime):
+    """Every run() answers from ``script[label]`` (a list consumed in order) or 'ok'."""
+
+    def __init__(self, tmp: Path, script: dict[str, list[Any]] | None = None, **kw: Any) -> None:
+        super().__init__(workspace=tmp / "ws", run_dir=tmp / "runs", **kw)
+        self.script = {k: list(v) for k, v in (script or {}).items()}
+        self.calls: list[dict[str, Any]] = []
+        self.known: set[str] = set(_known_sessions(tmp))
+
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self.known
+
+    async def _execute(self, spec, prompt, *, label, resume, fork, resume_at, on_event) -> StepResult:
+        self.calls.append({"label": label, "prompt": prompt, "resume": resume, "fork": fork})
+        planned = self.script.get(label, [])
+        outcome = planned.pop(0) if planned else "ok"
+        sid = resume if (resume and not fork) else f"s-{label}-{next(_ids)}"
+        self.known.add(sid)
+        self._session_seen(sid)
+        ok = outcome == "ok" or (isinstance(outcome, str) and outcome.startswith("text:"))
+        text = outcome[5:] if isinstance(outcome, str) and outcome.startswith("text:") else f"{label} said {prompt[:20]}"
+        return StepResult(step=label, session_id=sid, ok=ok, text=text if ok else "", error=None if ok else str(outcome),
+                          started_at=1.0, ended_at=2.0)
+
+
+_ids = itertools.count(1)
+
+
+def _known_sessions(tmp: Path) -> list[str]:
+    path = tmp / "runs" / "lineage.json"
+    if not path.exists():
+        return []
+    return list(json.loads(path.read_text())["steps"].values())
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+
+
+def run(wf: Workflow, rt: Runtime, **kw: Any) -> dict[str, Any]:
+    try:
+        return asyncio.run(wf.run(rt, **kw))
+    finally:
+        rt.close()
+
+
+def labels(rt: FakeRuntime) -> list[str]:
+    return [c["label"] for c in rt.calls]
+
+
+def test_woke_and_sessions_continue_across_runs(tmp_path):
+    wf = Workflow([Step("取词", SPEC, "读 seed.txt")])
+    ctx1 = run(wf, FakeRuntime(tmp_path))
+    assert ctx1["_woke"] == 1
+    rt2 = FakeRuntime(tmp_path)
+    ctx2 = run(wf, rt2)
+    assert ctx2["_woke"] == 2
+    assert ctx2["_sessions"]["取词"] == ctx1["_sessions"]["取词"]
+    assert rt2.calls[0]["resume"] == ctx1["_sessions"]["取词"]
+
+
+def test_continuous_false_starts_fresh_each_process(tmp_path):
+    wf = Workflow([Step("a", SPEC, "p")], continuous=False)
+    ctx1 = run(wf, FakeRuntime(tmp_path))
+    rt2 = FakeRuntime(tmp_path)
+    ctx2 = run(wf, rt2)
+    assert rt2.calls[0]["resume"] is None and ctx2["_sessions"]["a"] != ctx1["_sessions"]["a"]
+
+
+def test_resume_prompt_is_sent_when_a_session_continues(tmp_path):
+    wf = Workflow([Step("a", SPEC, "the whole brief", resume_prompt="接着做")])
+    run(wf, FakeRuntime(tmp_path))
+    rt2 = FakeRuntime(tmp_path)
+    run(wf, rt2)
+    assert rt2.calls[0]["prompt"] == "接着做"
+
+
+def test_resume_from_and_fork_within_one_run(tmp_path):
+    wf = Workflow([
+        Step("plan", SPEC, "plan it"),
+        Step("build", SPEC, "build it", resume_from="plan"),
+        Step("try", SPEC, "try it", resume_from="plan", fork=True),
+    ], continuous=False)
+    rt = FakeRuntime(tmp_path)
+    ctx = run(wf, rt)
+    plan_sid = ctx["_sessions"]["plan"]
+    assert rt.calls[1]["resume"] == plan_sid and not rt.calls[1]["fork"]
+    assert rt.calls[2]["resume"] == plan_sid and rt.calls[2]["fork"]
+
+
+def test_when_skips_reduce_feeds_ctx(tmp_path):
+    wf = Workflow([
+        Step("a", SPEC, "a", reduce=lambda r, ctx: "reduced-a"),
+        Step("b", SPEC, "b", when=lambda ctx: False),
+        Step("c", SPEC, lambda ctx: f"c after {ctx['a']}"),
+    ])
+    rt = FakeRuntime(tmp_path)
+    ctx = run(wf, rt)
+    assert labels(rt) == ["a", "c"]
+    assert ctx["a"] == "reduced-a" and "b" not in ctx
+    assert rt.calls[1]["prompt"] == "c after reduced-a"
+
+
+def test_retries_are_labelled_and_only_the_bare_name_enters_lineage(tmp_path):
+    wf = Workflow([Step("a", SPEC, "a", retries=2)])
+    rt = FakeRuntime(tmp_path, {"a": ["boom"], "a#retry1": ["boom"]})
+    ctx = run(wf, rt)
+    assert labels(rt) == ["a", "a#retry1", "a#retry2"]
+    steps = json.loads((tmp_path / "runs" / "lineage.json").read_text())["steps"]
+    assert list(steps) == ["a"] and steps["a"] == ctx["_sessions"]["a"]
+    rows = json.loads((tmp_path / "runs" / "manifest.json").read_text())
+    assert [r["step"] for r in rows] == ["a", "a#retry1", "a#retry2"]
+
+
+def test_gate_and_on_reject_make_rounds_that_resume_the_rejected_session(tmp_path):
+    verdicts = iter([False, True])
+    wf = Workflow([Step("work", SPEC, "do", retries=2, gate=lambda r, ctx: next(verdicts),
+                        on_reject=lambda r, ctx: "not yet, fix X")])
+    rt = FakeRuntime(tmp_path)
+    run(wf, rt)
+    assert labels(rt) == ["work", "work#round2"]
+    assert rt.calls[1]["prompt"] == "not yet, fix X" and rt.calls[1]["resume"] is not None
+
+
+def test_async_gate_and_step_abort(tmp_path):
+    async def gate(r, ctx):
+        raise StepAbort("再来也没用")
+
+    wf = Workflow([Step("a", SPEC, "a", retries=3, gate=gate), Step("b", SPEC, "b")])
+    rt = FakeRuntime(tmp_path)
+    ctx = run(wf, rt)
+    assert labels(rt) == ["a"] and ctx["_aborted"] == "再来也没用"
+    assert rt.record is not None and rt.record.state == "failed"
+
+
+def test_on_fail_continue_goes_on(tmp_path):
+    wf = Workflow([Step("a", SPEC, "a", on_fail="continue"), Step("b", SPEC, "b")])
+    rt = FakeRuntime(tmp_path, {"a": ["boom"]})
+    run(wf, rt)
+    assert labels(rt) == ["a", "b"]
+
+
+def test_bad_declarations_are_one_line_errors():
+    with pytest.raises(ConfigError, match="on_fail"):
+        Step("a", SPEC, "a", on_fail="explode")
+    with pytest.raises(ConfigError, match="two steps named"):
+        Workflow([Step("a", SPEC, "a"), Step("a", SPEC, "b")])
+    with pytest.raises(ConfigError, match="#"):
+        Step("a#retry1", SPEC, "a")
+
+
+def test_unfinished_run_is_resumed_without_redoing_finished_steps(tmp_path):
+    wf = Workflow([Step("a", SPEC, "a"), Step("b", SPEC, "b"), Step("c", SPEC, lambda ctx: f"c {ctx['b']}")])
+    rt1 = FakeRuntime(tmp_path, {"b": ["boom"]})
+    ctx1 = run(wf, rt1)
+    assert labels(rt1) == ["a", "b"] and rt1.record.state == "failed"
+
+    rt2 = FakeRuntime(tmp_path)
+    ctx2 = run(wf, rt2)
+    assert labels(rt2) == ["b", "c"], "the completed step was sent again"
+    assert ctx2["a"] == ctx1["a"] and ctx2["_sessions"]["a"] == ctx1["_sessions"]["a"]
+    # b was the step the dead run was in: it continues its session with the neutral text.
+    assert rt2.calls[0]["resume"] == ctx1["_sessions"]["b"]
+    assert rt2.calls[0]["prompt"] == rt2.resilience.resume_prompt
+
+    rt3 = FakeRuntime(tmp_path)
+    run(wf, rt3)
+    assert labels(rt3) == ["a", "b", "c"], "after a finished run every step continues (new intent)"
+
+
+def test_a_changed_prompt_is_not_reused(tmp_path):
+    prompt = {"a": "version 1"}
+    wf = Workflow([Step("a", SPEC, lambda ctx: prompt["a"]), Step("b", SPEC, "b")])
+    run(wf, FakeRuntime(tmp_path, {"b": ["boom"]}))
+    prompt["a"] = "version 2"
+    rt2 = FakeRuntime(tmp_path)
+    run(wf, rt2)
+    assert labels(rt2) == ["a", "b"]
+
+
+def test_reused_steps_stay_reused_across_repeated_crashes(tmp_path):
+    wf = Workflow([Step("a", SPEC, "a"), Step("b", SPEC, "b")])
+    run(wf, FakeRuntime(tmp_path, {"b": ["boom"]}))
+    run(wf, FakeRuntime(tmp_path, {"b": ["boom"]}))
+    rt3 = FakeRuntime(tmp_path)
+    run(wf, rt3)
+    assert labels(rt3) == ["b"]
+
+
+def test_registry_record_tells_the_story(tmp_path):
+    wf = Workflow([Step("a", SPEC, "a")], name="story")
+    rt = FakeRuntime(tmp_path)
+    run(wf, rt)
+    (rec,) = Registry(tmp_path / "runs").records()
+    assert rec.flow == "story" and rec.state == "finished" and rec.woke == 1 and "a" in rec.completed
