@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flower import FlowerError
 from flower.core.registry import INTERRUPTED, KILLED
 from flower.workflow import Workflow
 from stepproc.proctree import become_subreaper
@@ -69,6 +70,7 @@ def _archive(rt: SupervisedRuntime, term: Terminal) -> None:
 async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Terminal) -> int:
     desk = SignalDesk(rt, term)
     desk.install()
+    await _wait_for_endpoint(rt, term)
     ctx = await wf.run(rt, on_event=term.on_event, on_step=lambda s, r: term.step_done(r), command=args.command)
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
@@ -76,6 +78,20 @@ async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Term
         return 1
     term.say(f"-- 完成 · 第 {ctx['_woke']} 次唤醒 · run {rt.run_id}")
     return 0
+
+
+async def _wait_for_endpoint(rt: SupervisedRuntime, term: Terminal) -> None:
+    """An unreachable endpoint is one clear line, then the wait resilience promises."""
+    res = rt.resilience
+    if not res.enabled or res.reachable():  # sync: no helper thread alive when we fork
+        return
+    host, port = res.endpoint()
+    base = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+    term.say(f"flower-super: cannot reach {host}:{port} ({base}); waiting for it, probing every "
+             f"{res.probe_interval:g} s for up to {res.max_offline_wait / 60:g} min (Ctrl-C to stop)")
+    if not await res.wait_online():
+        raise FlowerError(f"{host}:{port} did not answer for {res.max_offline_wait / 60:g} min",
+                          hint="check the network, or ANTHROPIC_BASE_URL if you use a gateway")
 
 
 class SignalDesk:

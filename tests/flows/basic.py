@@ -26,3 +26,23 @@ one = Workflow([Step("only", hands, "[[only]] do it")], name="one")
 alpha = Workflow([Step("alpha", hands, "[[alpha]] go")], name="alpha")
 beta = Workflow([Step("beta", hands, "[[beta]] go")], name="beta")
 gamma = Workflow([Step("gamma", hands, "[[gamma]] go")], name="gamma")
+
+
+def _noisy_hook():
+    """A PreToolUse hook that prints to stdout and stderr (in the step child)."""
+    import sys
+
+    async def hook(data, tool_use_id, context):
+        print("STRAY PRINT FROM A HOOK {not json")
+        print("stray stderr line", file=sys.stderr)
+        return {}
+
+    from claude_agent_sdk import HookMatcher
+
+    return {"PreToolUse": [HookMatcher(matcher="Bash", hooks=[hook])]}
+
+
+noisy = Workflow(
+    [Step("noisy", AgentSpec(name="noisy", instructions="t", allowed_tools=["Bash"], hooks=_noisy_hook()), "[[noisy]] go")],
+    name="noisy",
+)
