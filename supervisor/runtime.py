@@ -39,6 +39,7 @@ class SupervisedRuntime(Runtime):
         self.children: dict[int, ChildHandle] = {}
         self.in_flight: StepResult | None = None
         self.ask_person: AskPerson | None = None
+        self._reapers: set[asyncio.Task[int]] = set()
         self.dying = False
 
     # -- one step through children ----------------------------------------------------
@@ -90,7 +91,7 @@ class SupervisedRuntime(Runtime):
     async def _one_child(
         self, spec: AgentSpec, start: Start, res: StepResult, on_event: OnEvent | None
     ) -> tuple[StepResult | None, str]:
-        """Run one child to its end: (its result, "") or (None, why it gave none)."""
+        """Run one child to its result: (its result, "") or (None, why it gave none)."""
         child = self._spawn(spec, start.label)
         self.note(attempt=res.attempts + 1)
         out: StepResult | None = None
@@ -107,16 +108,35 @@ class SupervisedRuntime(Runtime):
                 got = await self._dispatch(child, item, res, on_event)
                 if isinstance(got, StepResult):
                     out = got
-                elif isinstance(got, str):
+                    break  # the child sends its result after the SDK has flushed and closed
+                if isinstance(got, str):
                     problem = got
-            status = await child.wait()
+        except BaseException:
+            self._retire(child)
+            raise
+        if out is not None:
+            # The flow goes on at once; the child finishes exiting in the background.
+            task = asyncio.get_running_loop().create_task(self._reap(child))
+            self._reapers.add(task)
+            task.add_done_callback(self._reapers.discard)
+            return out, ""
+        status = await self._reap(child)
+        return None, problem or f"step child {child.pid} died without a result ({describe_status(status)})"
+
+    async def _reap(self, child: ChildHandle) -> int:
+        try:
+            return await child.wait()
         finally:
-            self._forget(child)
-            self._sweep(child)
-        if out is None:
-            why = problem or f"step child {child.pid} died without a result ({describe_status(status)})"
-            return None, why
-        return out, ""
+            self._retire(child)
+
+    async def drain(self) -> None:
+        """Wait for children that already reported to finish exiting."""
+        while self._reapers:
+            await asyncio.gather(*list(self._reapers), return_exceptions=True)
+
+    def _retire(self, child: ChildHandle) -> None:
+        self._forget(child)
+        self._sweep(child)
 
     async def _dispatch(self, child: ChildHandle, item: Any, res: StepResult, on_event: OnEvent | None) -> Any:
         if isinstance(item, Session):

@@ -71,7 +71,10 @@ async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Term
     desk = SignalDesk(rt, term)
     desk.install()
     await _wait_for_endpoint(rt, term)
-    ctx = await wf.run(rt, on_event=term.on_event, on_step=lambda s, r: term.step_done(r), command=args.command)
+    try:
+        ctx = await wf.run(rt, on_event=term.on_event, on_step=lambda s, r: term.step_done(r), command=args.command)
+    finally:
+        await rt.drain()
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         term.say(f"-- 没跑完:{', '.join(failed) or '?'} 失败。在同一个目录再跑一次会从这里接着做。")

@@ -1,0 +1,105 @@
+"""Marginal cost of one more step through flower-super vs one bare ``claude -p`` turn.
+
+Both run the real bundled CLI against the same scripted model server (one text turn each),
+interleaved in rounds so machine noise hits both sides alike:
+
+- bare: ``claude -p "<prompt>"`` as a fresh process, wall clock from spawn to exit;
+- flower: ``flower-super start`` running an N-step flow; the marginal cost of a step is the
+  time from one step's start to the next one's start (manifest ``started_at``), i.e. fork,
+  child setup, SDK client, CLI, pipe frames, lineage and manifest writes, all included.
+
+Goal (issue 3): median flower step <= 1.15 x median bare turn, over >= 20 warm samples.
+Also printed for reference: a fresh interpreter importing the SDK, the cost a forked step
+child does not pay.
+
+Usage: .venv/bin/python scripts/bench_supervisor.py [--rounds 4] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flower.testing.cli_env import claude_path, cli_env  # noqa: E402
+from flower.testing.model_server import ModelServer  # noqa: E402
+
+FLOW_SRC = '''
+import os
+from flower.core.agent import AgentSpec
+from flower.workflow import Step, Workflow
+spec = AgentSpec(name="bench", instructions="answer briefly", allowed_tools=[])
+N = int(os.environ["BENCH_STEPS"])
+flow = Workflow([Step(f"s{i}", spec, f"[[bench]] step {i}") for i in range(N)], name="bench", continuous=False)
+'''
+
+
+def bare_turn(env: dict[str, str], cwd: Path, i: int) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([str(claude_path()), "-p", f"[[bench]] bare {i}"], env=env, cwd=cwd,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def flower_steps(env: dict[str, str], root: Path, n: int, r: int) -> list[float]:
+    runs = root / f"runs-{r}"
+    subprocess.run([sys.executable, "-m", "supervisor", "start", "--flow", str(root / "bench_flow.py") + ":flow",
+                    "-w", str(root / "ws"), "-r", str(runs)], env={**env, "BENCH_STEPS": str(n)}, cwd=root,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    rows = json.loads((runs / "manifest.json").read_text())
+    starts = [row["started_at"] for row in rows]
+    return [b - a for a, b in zip(starts, starts[1:])]
+
+
+def sdk_import() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import claude_agent_sdk"], check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8, help="steps per flower run (gives steps-1 samples)")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="flower-bench-"))
+    (root / "ws").mkdir()
+    (root / "bench_flow.py").write_text(FLOW_SRC)
+    script = {"default": [{"text": "ok."}]}
+    with ModelServer(script) as server:
+        env = {**cli_env(root / "home", server.url), "PYTHONPATH": str(REPO)}
+        for i in range(2):  # warm the disk cache and the CLI's first-run work
+            bare_turn(env, root / "ws", -1 - i)
+        flower_steps(env, root, 2, -1)
+        bare: list[float] = []
+        steps: list[float] = []
+        for r in range(args.rounds):
+            bare += [bare_turn(env, root / "ws", r * 100 + i) for i in range(args.steps - 1)]
+            steps += flower_steps(env, root, args.steps, r)
+    imports = [sdk_import() for _ in range(3)]
+    report(bare, steps, imports)
+
+
+def report(bare: list[float], steps: list[float], imports: list[float]) -> None:
+    def row(name: str, xs: list[float]) -> str:
+        q = statistics.quantiles(xs, n=10)
+        return f"{name:<34}{len(xs):>4}  {statistics.median(xs) * 1000:>8.0f}  {q[0] * 1000:>8.0f}  {q[-1] * 1000:>8.0f}"
+
+    print(f"{'':<34}{'n':>4}  {'median':>8}  {'p10':>8}  {'p90':>8}   (ms)")
+    print(row("bare `claude -p` turn", bare))
+    print(row("one more step through flower-super", steps))
+    print(row("fresh python importing the SDK", imports))
+    ratio = statistics.median(steps) / statistics.median(bare)
+    print(f"\nratio flower step / bare turn (medians): {ratio:.2f}x   (goal <= 1.15x)")
+
+
+if __name__ == "__main__":
+    main()
