@@ -72,7 +72,8 @@ async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Term
     desk.install()
     await _wait_for_endpoint(rt, term)
     try:
-        ctx = await wf.run(rt, on_event=term.on_event, on_step=lambda s, r: term.step_done(r), command=args.command)
+        ctx = await wf.run(rt, on_event=term.on_event, on_step=lambda s, r: term.step_done(r),
+                           command=args.command, new=args.new)
     finally:
         await rt.drain()
     failed = [name for name, r in ctx["_results"].items() if not r.ok]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -113,3 +114,24 @@ def test_in_process_workflow_continues_the_same_session(model_server, tmp_path, 
     assert second["_sessions"]["取词"] == first["_sessions"]["取词"]
     assert first["取词"] == "flower" and second["取词"] == "still flower"
     assert {r.session_id for r in server.requests if r.conversation == "w"} == {first["_sessions"]["取词"]}
+
+
+@pytest.mark.timeout(90)  # two flower runs of a real CLI turn
+def test_new_archives_lineage_and_starts_a_fresh_session(model_server, flower_env):
+    server = model_server({"conversations": [{"name": "only", "match": {"marker": "[[only]]"},
+                                              "turns": [{"text": "one."}, {"text": "two."}]}]})
+    f: Flower = flower_env(server)
+    (f.ws / "需求.md").write_text("# 需求\n")
+    code, out = f.run(flow="tests.flows.basic:one")
+    assert code == 0, out
+    old = f.lineage()["steps"]["only"]
+    db = (f.runs / "sessions.db").stat().st_size
+
+    code, out = f.run("--new", flow="tests.flows.basic:one")
+    assert code == 0, out
+    lineage = f.lineage()
+    assert lineage["woke"] == 1 and lineage["steps"]["only"] != old
+    (archive,) = (f.ws / ".flower" / "notes" / "archive").iterdir()
+    assert json.loads((archive / "lineage.json").read_text())["steps"]["only"] == old
+    assert (archive / "需求.md").exists() and not (f.ws / "需求.md").exists()
+    assert (f.runs / "sessions.db").stat().st_size >= db, "sessions.db is never touched by --new"

@@ -217,3 +217,31 @@ def test_registry_record_tells_the_story(tmp_path):
     run(wf, rt)
     (rec,) = Registry(tmp_path / "runs").records()
     assert rec.flow == "story" and rec.state == "finished" and rec.woke == 1 and "a" in rec.completed
+
+
+def test_new_ignores_the_unfinished_run(tmp_path):
+    wf = Workflow([Step("a", SPEC, "a"), Step("b", SPEC, "b")])
+    run(wf, FakeRuntime(tmp_path, {"b": ["boom"]}))
+    rt2 = FakeRuntime(tmp_path)
+    run(wf, rt2, new=True)
+    assert labels(rt2) == ["a", "b"]
+
+
+def test_a_start_refused_for_another_workspace_leaves_no_record(tmp_path):
+    from flower import RunDirBusy
+    from flower.core.registry import FlowerRecord
+
+    import os
+    import time
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "lineage.json").write_text(json.dumps({"workspace": "/somewhere/else", "woke": 3, "steps": {}}))
+    holder = FlowerRecord(run="20260101-000000-abcdef", flow="other", pid=os.getpid(),
+                          pid_started=None, workspace="/somewhere/else", started_at=time.time())
+    Registry(runs).write(holder)
+    rt = FakeRuntime(tmp_path)
+    with pytest.raises(RunDirBusy, match=str(os.getpid())):
+        run(Workflow([Step("a", SPEC, "a")]), rt)
+    assert [r.run for r in Registry(runs).records()] == [holder.run]
+    assert rt.calls == []

@@ -153,6 +153,15 @@ class Runtime:
         )
         self.note()
 
+    def end_flow(self, *, discard: bool = False) -> None:
+        """Forget this flower's record (a start that was refused leaves no trace)."""
+        if self.record is not None and discard:
+            try:
+                Registry(self.run_dir).path_for(self.record.run).unlink()
+            except OSError:
+                pass
+            self.record = None
+
     def note(self, **fields: Any) -> None:
         """Update this flower's registry record (best-effort: status is not worth a crash)."""
         if self.record is None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.agent import AgentSpec
 from ..core.result import Event, StepResult
 from .._errors import ConfigError
-from .resume import PriorRun, input_hash, prior_run, refuse_live_conflict, to_jsonable
+from .resume import PriorRun, input_hash, prior_run, refuse_live_conflict, registry_lock, to_jsonable
 
 if TYPE_CHECKING:
     from ..core.runtime import Runtime
@@ -95,16 +95,23 @@ class Workflow:
         on_event: Callable[[Event], None] | None = None,
         on_step: Callable[[Step, StepResult], None] | None = None,
         command: list[str] | None = None,
+        new: bool = False,
     ) -> Ctx:
-        runner = _Run(self, runtime, on_event, on_step)
+        """Run the steps in order and return ctx.
+
+        ``command`` (the argv that carries this run on) and ``new`` (``--new``: do not pick up
+        an unfinished earlier run's completed steps) are what the command line adds.
+        """
+        runner = _Run(self, runtime, on_event, on_step, new)
         return await runner.run(command)
 
 
 class _Run:
     """One execution of a Workflow (kept apart so run() reads top to bottom)."""
 
-    def __init__(self, wf: Workflow, rt: Runtime, on_event: Any, on_step: Any) -> None:
+    def __init__(self, wf: Workflow, rt: Runtime, on_event: Any, on_step: Any, new: bool = False) -> None:
         self.wf, self.rt, self.on_event, self.on_step = wf, rt, on_event, on_step
+        self.new = new
         self.ctx: Ctx = dict(wf.context)
         self.lineage = rt.lineage()
         self.prior: PriorRun | None = None
@@ -112,10 +119,15 @@ class _Run:
     async def run(self, command: list[str] | None) -> Ctx:
         rt, wf = self.rt, self.wf
         names = [s.name for s in wf.steps]
-        refuse_live_conflict(rt.run_dir, names, exclude=rt.run_id)
-        self.prior = prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
-        rt.begin_flow(wf.name, names, command=command)
-        woke = self.lineage.wake()
+        self.prior = None if self.new else prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
+        with registry_lock(rt.run_dir):  # check-then-register is one step for concurrent starts
+            refuse_live_conflict(rt.run_dir, names, exclude=rt.run_id)
+            rt.begin_flow(wf.name, names, command=command)
+        try:
+            woke = self.lineage.wake()
+        except BaseException:
+            rt.end_flow(discard=True)  # refused (another workspace holds the run_dir): no trace
+            raise
         sessions = self.lineage.load() if wf.continuous else {}
         rt.note(woke=woke)
         self.ctx.update(

@@ -87,3 +87,13 @@ def refuse_live_conflict(run_dir: Path, steps: list[str], *, exclude: str) -> No
                 f"{run_dir} and uses step {shared[0]!r}, whose session this start would resume",
                 hint=f"wait for it to finish, stop it (kill {other.pid}), or use another --run-dir",
             )
+
+
+def registry_lock(run_dir: Path) -> Any:
+    """The lock that makes "is anyone live here? then I am" atomic across processes."""
+    from filelock import FileLock
+
+    from ..core.fsutil import private_dir
+
+    private_dir(run_dir)
+    return FileLock(str(Path(run_dir) / "flowers.lock"), mode=0o600, timeout=30)
