@@ -2,11 +2,16 @@
 
     .venv/bin/python scripts/bench_store.py [--appends 2000] [--load-entries 20000]
 
-1. ``append`` of one 2 KB entry, timed per call in real writer processes (started with
-   ``sys.executable``, released together through a barrier), 1 writer and 4 concurrent
-   writers, each writer on its own session as step children are. Two variants side by side:
-   flower's own busy retries (no SQLite busy handler) and SQLite's default busy handler
-   (``timeout=5``, the usual ``sqlite3.connect`` setting).
+1. ``append`` of one 2 KB entry, timed per call inside real writer processes (started with
+   ``sys.executable``, released together through a barrier), each writer on its own session
+   as step children are. Scenarios: 1 writer flat out; 4 writers flat out (the write lock is
+   saturated); 4 writers pausing 0-8 ms between appends (busy but not saturated, closer to
+   eager mirroring of four live steps). Variants, same run, same machine:
+   - ``flower``: the store as shipped (no SQLite busy handler, own jittered retries),
+   - ``sqlite-default``: the same store with SQLite's default busy handler (``timeout=5``),
+   - ``flower FULL``: as shipped but ``synchronous=FULL`` (what the NORMAL choice saves).
+   "loop stall" is the longest a 1 ms timer in the writer's event loop fired late: the
+   default handler sleeps inside SQLite, so its waits stall everything else on the loop.
 2. ``load()`` of one 20,000-entry transcript against ``json.loads`` of the same entries read
    from a JSONL file.
 """
@@ -17,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -36,7 +42,17 @@ class DefaultBusyHandlerStore(SqliteSessionStore):
     _busy_timeout_s = 5.0
 
 
-VARIANTS = {"flower": SqliteSessionStore, "sqlite-default": DefaultBusyHandlerStore}
+class FullSyncStore(SqliteSessionStore):
+    """The same store with an fsync at every commit."""
+
+    _synchronous = "FULL"
+
+
+VARIANTS = {
+    "flower": SqliteSessionStore,
+    "sqlite-default": DefaultBusyHandlerStore,
+    "flower FULL": FullSyncStore,
+}
 
 
 def make_entry(session_id: str, n: int, parent: str | None) -> dict:
@@ -58,30 +74,46 @@ def make_entry(session_id: str, n: int, parent: str | None) -> dict:
 # ---- worker process ------------------------------------------------------------------
 
 
-async def worker(db: str, variant: str, writer: int, count: int) -> None:
+async def worker(db: str, variant: str, writer: int, count: int, pace_s: float) -> None:
     store = VARIANTS[variant](db)
     session_id = f"bench-{writer}"
     key = {"project_key": "bench", "session_id": session_id}
     entries = [make_entry(session_id, i, None) for i in range(count)]
+    stall = [0.0]
+    running = True
+
+    async def ticker() -> None:  # how late does a 1 ms timer fire while we append?
+        while running:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.001)
+            stall[0] = max(stall[0], time.perf_counter() - t0 - 0.001)
+
     print("ready", flush=True)
     sys.stdin.readline()  # the barrier: every writer starts on the same "go"
+    tick = asyncio.create_task(ticker())
     samples = []
     for entry in entries:
         t0 = time.perf_counter_ns()
         await store.append(key, [entry])
         samples.append(time.perf_counter_ns() - t0)
+        await asyncio.sleep(random.uniform(0, 2 * pace_s) if pace_s else 0)
+    running = False
+    await tick
     store.close()
-    print(json.dumps(samples), flush=True)
+    print(json.dumps({"samples": samples, "stall": stall[0]}), flush=True)
 
 
 # ---- parent --------------------------------------------------------------------------
 
 
-def run_writers(db: Path, variant: str, writers: int, count: int) -> list[int]:
+def run_writers(db: Path, variant: str, writers: int, count: int, pace_s: float) -> dict:
     cmd = [sys.executable, __file__, "--worker", str(db), variant]
     procs = [
         subprocess.Popen(
-            [*cmd, str(w), str(count)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [*cmd, str(w), str(count), str(pace_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for w in range(writers)
     ]
@@ -89,36 +121,42 @@ def run_writers(db: Path, variant: str, writers: int, count: int) -> list[int]:
         for p in procs:
             if p.stdout.readline().strip() != "ready":
                 raise RuntimeError("a writer died before the barrier")
+        t0 = time.perf_counter()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
-        samples: list[int] = []
+        samples, stall = [], 0.0
         for p in procs:
-            samples += json.loads(p.stdout.readline())
+            out = json.loads(p.stdout.readline())
+            samples += out["samples"]
+            stall = max(stall, out["stall"])
             if p.wait(timeout=600) != 0:
                 raise RuntimeError(f"writer exited {p.returncode}")
-        return samples
+        wall = time.perf_counter() - t0
+        return {"samples": sorted(samples), "stall_ms": stall * 1000, "rate": len(samples) / wall}
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+            p.wait()
 
 
 def quantile(sorted_ns: list[int], q: float) -> float:
     return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1e6
 
 
-def bench_appends(tmp: Path, count: int) -> list[tuple]:
+def bench_appends(tmp: Path, count: int) -> list[tuple[str, str, dict]]:
+    scenarios = [
+        ("1 writer, flat out", 1, 2 * count, 0.0),
+        ("4 writers, flat out", 4, count, 0.0),
+        ("4 writers, 0-8 ms apart", 4, count // 2, 0.004),
+    ]
     rows = []
-    for writers in (1, 4):
+    for n, (label, writers, per_writer, pace) in enumerate(scenarios):
         for variant in VARIANTS:
-            db = tmp / f"append-{variant}-{writers}.db"
-            per_writer = count * 2 if writers == 1 else count
-            t0 = time.perf_counter()
-            samples = sorted(run_writers(db, variant, writers, per_writer))
-            wall = time.perf_counter() - t0
-            rows.append((writers, variant, samples, wall))
+            db = tmp / f"append-{n}-{variant.replace(' ', '-')}.db"
+            rows.append((label, variant, run_writers(db, variant, writers, per_writer, pace)))
+            print(f"  done: {label}, {variant}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -127,7 +165,7 @@ async def fill(store: SqliteSessionStore, key: dict, entries: list[dict]) -> Non
         await store.append(key, entries[i : i + 500])
 
 
-def best_of(fn, repeat: int = 5) -> float:
+def median_ms(fn, repeat: int = 5) -> float:
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -151,30 +189,30 @@ def bench_load(tmp: Path, n: int) -> tuple[float, float, int]:
         return [json.loads(line) for line in jsonl.read_text().splitlines()]
 
     assert asyncio.run(store.load(key)) == from_jsonl() == entries
-    store_ms = best_of(lambda: asyncio.run(store.load(key)))
-    jsonl_ms = best_of(from_jsonl)
+    store_ms = median_ms(lambda: asyncio.run(store.load(key)))
+    jsonl_ms = median_ms(from_jsonl)
     store.close()
     return store_ms, jsonl_ms, jsonl.stat().st_size
 
 
-def report(rows: list[tuple], load: tuple[float, float, int], n_load: int) -> None:
-    print(f"\nappend() of one {ENTRY_BYTES // 1024} KB entry, synchronous=FULL (ms per call)")
-    print(f"{'writers':>7}  {'busy handling':<22}{'samples':>8}{'p50':>8}{'p99':>8}"
-          f"{'p99.9':>8}{'max':>9}{'appends/s':>11}")
-    by = {}
-    for writers, variant, samples, wall in rows:
-        label = "flower retries" if variant == "flower" else "sqlite default (5 s)"
-        p50, p99 = quantile(samples, 0.5), quantile(samples, 0.99)
-        by[(writers, variant)] = (p50, p99)
-        print(f"{writers:>7}  {label:<22}{len(samples):>8}{p50:>8.2f}{p99:>8.2f}"
-              f"{quantile(samples, 0.999):>8.2f}{samples[-1] / 1e6:>9.1f}"
-              f"{len(samples) / wall:>11.0f}")
-    for writers in (1, 4):
-        (f50, f99), (d50, d99) = by[(writers, "flower")], by[(writers, "sqlite-default")]
-        print(f"  {writers} writer(s): sqlite-default / flower = p50 x{d50 / f50:.2f},"
-              f" p99 x{d99 / f99:.2f}")
+def report(rows: list[tuple[str, str, dict]], load: tuple[float, float, int], n: int) -> None:
+    print(f"\nappend() of one {ENTRY_BYTES // 1024} KB entry, ms per call")
+    head = f"{'scenario':<25}{'variant':<16}{'samples':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}"
+    print(head + f"{'max':>8}{'loop stall':>11}{'appends/s':>10}")
+    cells = {}
+    for label, variant, r in rows:
+        s = r["samples"]
+        cells[(label, variant)] = (quantile(s, 0.5), quantile(s, 0.99), s[-1] / 1e6)
+        print(f"{label:<25}{variant:<16}{len(s):>8}{quantile(s, 0.5):>7.2f}"
+              f"{quantile(s, 0.99):>8.2f}{quantile(s, 0.999):>8.2f}{s[-1] / 1e6:>8.1f}"
+              f"{r['stall_ms']:>11.1f}{r['rate']:>10.0f}")
+    print("\nsqlite-default / flower (above 1 = flower is faster)")
+    for label in dict.fromkeys(label for label, _, _ in rows):
+        f, d = cells[(label, "flower")], cells[(label, "sqlite-default")]
+        print(f"  {label:<25} p50 x{d[0] / f[0]:.2f}   p99 x{d[1] / f[1]:.2f}"
+              f"   max x{d[2] / f[2]:.2f}")
     store_ms, jsonl_ms, size = load
-    print(f"\nload() of a {n_load:,}-entry transcript ({size / 1e6:.1f} MB of JSON), median of 5")
+    print(f"\nload() of a {n:,}-entry transcript ({size / 1e6:.1f} MB of JSON), median of 5")
     print(f"  SqliteSessionStore.load()       {store_ms:8.1f} ms")
     print(f"  json.loads per line of a JSONL  {jsonl_ms:8.1f} ms")
     print(f"  ratio store / jsonl             {store_ms / jsonl_ms:8.2f}")
@@ -182,15 +220,16 @@ def report(rows: list[tuple], load: tuple[float, float, int], n_load: int) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--appends", type=int, default=2000, help="appends per writer with 4")
+    parser.add_argument("--appends", type=int, default=2000, help="per writer, 4 writers")
     parser.add_argument("--load-entries", type=int, default=20000)
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        db, variant, writer, count = args.worker
-        asyncio.run(worker(db, variant, int(writer), int(count)))
+        db, variant, writer, count, pace = args.worker
+        asyncio.run(worker(db, variant, int(writer), int(count), float(pace)))
         return
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores", flush=True)
+    load_avg = os.getloadavg()[0]
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {load_avg:.1f}")
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
         rows = bench_appends(Path(tmp), args.appends)
         load = bench_load(Path(tmp), args.load_entries)

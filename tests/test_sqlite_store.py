@@ -192,6 +192,20 @@ def test_mtimes_stay_monotonic_across_store_objects(
     b.close()
 
 
+def test_appends_checkpoint_the_wal_in_the_background(store: SqliteSessionStore) -> None:
+    empty = store.path.stat().st_size
+
+    async def scenario() -> None:
+        for n in range(sqlite_store.CHECKPOINT_EVERY):
+            await store.append(KEY, [e(n, pad="x" * 2000)])
+        assert store._checkpointing is not None
+        await store._checkpointing
+
+    asyncio.run(scenario())
+    # far below SQLite's own threshold, so only the worker's checkpoint moved them there
+    assert store.path.stat().st_size > empty + sqlite_store.CHECKPOINT_EVERY * 2000
+
+
 # ---- many processes ---------------------------------------------------------------------
 
 
@@ -315,14 +329,15 @@ def test_a_forked_child_appends_through_the_inherited_store(store: SqliteSession
 
 @pytest.mark.filterwarnings("ignore:This process.*multi-threaded:DeprecationWarning")
 def test_a_child_never_touches_a_connection_the_parent_was_using(
-    store: SqliteSessionStore,
+    store: SqliteSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sqlite_store, "FORK_WAIT_S", 0.05)  # the fork gives up waiting soon
     asyncio.run(store.append(KEY, [e(1)]))
-    parent_conn = store._conn
+    parent_conn = store._db.current
     holding, done = threading.Event(), threading.Event()
 
     def busy_elsewhere() -> None:  # another thread is inside the store while we fork
-        with store._lock:
+        with store._db.lock:
             holding.set()
             done.wait(10)
 
@@ -331,16 +346,16 @@ def test_a_child_never_touches_a_connection_the_parent_was_using(
     assert holding.wait(10)
 
     def child() -> None:
-        assert store._conn is None  # the inherited one was set aside, not closed
+        assert store._db.current is None  # the inherited one was set aside, not closed
         asyncio.run(store.append(KEY, [e(2)]))  # its lock is fresh: no deadlock
-        assert store._conn is not None and store._conn is not parent_conn
+        assert store._db.current is not None and store._db.current is not parent_conn
 
     try:
         _in_child(child)
     finally:
         done.set()
         thread.join()
-    assert store._conn is parent_conn  # the parent kept its connection through the fork
+    assert store._db.current is parent_conn  # the parent kept its connection through the fork
     asyncio.run(store.append(KEY, [e(3)]))
     assert store.load_sync(KEY) == [e(1), e(2), e(3)]
     store.close()
