@@ -203,14 +203,18 @@ def report(rows: list[tuple[str, str, dict]], load: tuple[float, float, int], n:
     for label, variant, r in rows:
         s = r["samples"]
         cells[(label, variant)] = (quantile(s, 0.5), quantile(s, 0.99), s[-1] / 1e6)
-        print(f"{label:<25}{variant:<16}{len(s):>8}{quantile(s, 0.5):>7.2f}"
-              f"{quantile(s, 0.99):>8.2f}{quantile(s, 0.999):>8.2f}{s[-1] / 1e6:>8.1f}"
-              f"{r['stall_ms']:>11.1f}{r['rate']:>10.0f}")
+        print(
+            f"{label:<25}{variant:<16}{len(s):>8}{quantile(s, 0.5):>7.2f}"
+            f"{quantile(s, 0.99):>8.2f}{quantile(s, 0.999):>8.2f}{s[-1] / 1e6:>8.1f}"
+            f"{r['stall_ms']:>11.1f}{r['rate']:>10.0f}"
+        )
     print("\nsqlite-default / flower (above 1 = flower is faster)")
     for label in dict.fromkeys(label for label, _, _ in rows):
         f, d = cells[(label, "flower")], cells[(label, "sqlite-default")]
-        print(f"  {label:<25} p50 x{d[0] / f[0]:.2f}   p99 x{d[1] / f[1]:.2f}"
-              f"   max x{d[2] / f[2]:.2f}")
+        print(
+            f"  {label:<25} p50 x{d[0] / f[0]:.2f}   p99 x{d[1] / f[1]:.2f}"
+            f"   max x{d[2] / f[2]:.2f}"
+        )
     store_ms, jsonl_ms, size = load
     print(f"\nload() of a {n:,}-entry transcript ({size / 1e6:.1f} MB of JSON), median of 5")
     print(f"  SqliteSessionStore.load()       {store_ms:8.1f} ms")

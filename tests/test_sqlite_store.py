@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from claude_agent_sdk.types import SessionStore
 from claude_agent_sdk.testing import run_session_store_conformance
+from claude_agent_sdk.types import SessionStore
 
 import flower.stores.sqlite as sqlite_store
 from flower.stores.sqlite import SessionStoreBusy, SessionStoreError, SqliteSessionStore

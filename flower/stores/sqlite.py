@@ -16,9 +16,11 @@ Layout (three tables, as seed 003 names them):
 
 Concurrency: several processes write one file at once. The file is in WAL mode and every
 write is one short ``BEGIN IMMEDIATE`` transaction. SQLite's own busy handler sleeps
-1–100 ms between tries (40–100 ms tails measured on 2 cores), so connections have no busy
-handler and a busy transaction is retried here with short jittered sleeps, up to
-``BUSY_DEADLINE_S``, after which :class:`SessionStoreBusy` is raised.
+1, 2, 5 ... 100 ms between tries *inside* the C call, so the whole event loop stops while it
+waits (four writers on 2 cores: waits of 0.2-0.75 s measured). Connections here have no
+busy handler; a busy transaction is retried with short jittered pauses, awaited when they
+are 1 ms or more, up to ``BUSY_DEADLINE_S``, after which :class:`SessionStoreBusy` is
+raised. ``scripts/bench_store.py`` measures both side by side.
 
 Durability: WAL with ``synchronous=NORMAL``. A commit is in the WAL file (the OS page
 cache) before ``append()`` returns, so it survives kill -9 of the writer; after a power loss
@@ -84,7 +86,7 @@ _AUTOCHECKPOINT_PAGES = 10_000  # ~40 MB: rewinds the WAL in bursts the worker c
 # A write transaction holds the lock ~0.1-0.3 ms, so most waits end in the first window; the
 # low cap keeps waiters polling often enough to find the short gaps between another
 # writer's transactions (a 4 ms cap measured 2-3x longer worst cases under 4 writers).
-# A failed try costs ~20 us.
+# A failed try costs ~3 us of CPU.
 _BACKOFF_MULTIPLIER_S = 0.00025
 _BACKOFF_MAX_S = 0.002
 
@@ -245,7 +247,7 @@ class _Connection:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
                 self._conn = None
-            self._abandon()
+            self._abandon()  # one left is a parent's: it must stay open
 
     def _abandon(self) -> None:
         if self._conn is not None:
@@ -271,10 +273,19 @@ class _Connection:
 
 _CONNECTIONS: weakref.WeakSet[_Connection] = weakref.WeakSet()
 
+
+def _on_every_connection(method: Callable[[_Connection], None]) -> Callable[[], None]:
+    def hook() -> None:
+        for connection in list(_CONNECTIONS):
+            method(connection)
+
+    return hook
+
+
 os.register_at_fork(
-    before=lambda: [c.before_fork() for c in list(_CONNECTIONS)],
-    after_in_parent=lambda: [c.after_fork_in_parent() for c in list(_CONNECTIONS)],
-    after_in_child=lambda: [c.after_fork_in_child() for c in list(_CONNECTIONS)],
+    before=_on_every_connection(_Connection.before_fork),
+    after_in_parent=_on_every_connection(_Connection.after_fork_in_parent),
+    after_in_child=_on_every_connection(_Connection.after_fork_in_child),
 )
 
 
@@ -401,7 +412,11 @@ class SqliteSessionStore(SessionStore):
         key_string, project_key, session_id, subpath = parts
         sql = "INSERT OR IGNORE INTO entries(key, uuid, data) VALUES (?, ?, ?)"
         # rowcount 0: this uuid is already stored under the key (a retried batch)
-        fresh = [entry for row, entry in zip(rows, entries) if conn.execute(sql, row).rowcount]
+        fresh = [
+            entry
+            for row, entry in zip(rows, entries, strict=True)
+            if conn.execute(sql, row).rowcount
+        ]
         if not fresh:  # a retried batch that had landed: nothing changed, nothing to stamp
             return
         mtime = self._next_mtime(conn)
@@ -454,9 +469,7 @@ class SqliteSessionStore(SessionStore):
         )
         return mtime
 
-    def _delete_tx(
-        self, conn: sqlite3.Connection, parts: tuple[str, str, str, str | None]
-    ) -> None:
+    def _delete_tx(self, conn: sqlite3.Connection, parts: tuple[str, str, str, str | None]) -> None:
         key_string, project_key, session_id, subpath = parts
         if subpath is not None:
             conn.execute("DELETE FROM entries WHERE key = ?", (key_string,))
@@ -530,9 +543,7 @@ class SqliteSessionStore(SessionStore):
         # The lock, not the executor's future: a future's completion is only delivered when
         # the loop runs its callbacks, which a busy appender may not let it do for long.
         if not self._checkpointer.lock.locked():
-            self._checkpointing = asyncio.get_running_loop().run_in_executor(
-                None, self._checkpoint
-            )
+            self._checkpointing = asyncio.get_running_loop().run_in_executor(None, self._checkpoint)
 
     def _checkpoint(self) -> None:
         """Copy the WAL back into the database; PASSIVE blocks no reader and no writer.
