@@ -112,6 +112,17 @@ def test_a_subagent_transcript_counts_its_own_sidechain_turns() -> None:
     assert ages_by_command(fixture("h-subagent.sub.jsonl")) == {"ls": 1}
 
 
+def test_a_subagent_transcript_loads_through_the_layer(tmp_path: Path) -> None:
+    # the SDK loads subagent transcripts under their subpath, after the main one
+    sub_key = {**KEY, "subpath": "subagents/agent-aef8473d3a9e65624"}
+    store = store_with(
+        tmp_path, fixture("h-subagent.jsonl"), ephemeral=EphemeralPolicy(keep_recent=1)
+    )
+    asyncio.run(store.append(sub_key, fixture("h-subagent.sub.jsonl")))
+    assert results_by_command(load(store, sub_key) or [])["ls"] == notice("ls", 1)
+    assert store.last_report == {"expired": 1, "trimmed": 0}
+
+
 # --------------------------------------------------------------------------------------
 # expiry
 # --------------------------------------------------------------------------------------
