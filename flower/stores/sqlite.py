@@ -80,7 +80,9 @@ _CLOCK_KEY = ""  # real keys always contain "/", so "" can never collide with on
 CHECKPOINT_EVERY = 100  # appends of one process between background WAL checkpoints
 FORK_WAIT_S = 1.0  # how long a fork waits for a store busy in another thread to go idle
 _WAL_SIZE_LIMIT = 16 << 20  # a rewound WAL file is cut back to this
-_AUTOCHECKPOINT_PAGES = 10_000  # ~40 MB: rewinds the WAL in bursts the worker cannot
+_AUTOCHECKPOINT_PAGES = 10_000  # SQLite's inline checkpoint, only as a last resort (40 MB)
+_RESTART_FRAMES = 4096  # a WAL past ~16 MB is rewound by the worker
+_RESTART_WAIT_S = 1.0  # how long the worker waits for the write lock to rewind it
 
 # Full-jitter backoff between tries of a busy transaction (windows 0.25, 0.5, 1, 2, 2 ... ms).
 # A write transaction holds the lock ~0.1-0.3 ms, so most waits end in the first window; the
@@ -336,7 +338,7 @@ class SqliteSessionStore(SessionStore):
         rows = [(parts[0], _entry_uuid(entry), _to_json(entry)) for entry in entries]
         await self._run(lambda conn: self._append_tx(conn, parts, rows, entries), write=True)
         self._appends += 1
-        if self._appends % CHECKPOINT_EVERY == 0:
+        if self._appends % CHECKPOINT_EVERY == 1:  # the first too: step children live short
             self._checkpoint_in_background()
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
@@ -546,21 +548,33 @@ class SqliteSessionStore(SessionStore):
             self._checkpointing = asyncio.get_running_loop().run_in_executor(None, self._checkpoint)
 
     def _checkpoint(self) -> None:
-        """Copy the WAL back into the database; PASSIVE blocks no reader and no writer.
+        """Copy the WAL back into the database, in a worker thread.
 
-        Appends landing meanwhile leave it a few frames short, and SQLite rewinds the WAL
-        only once a checkpoint caught up: during a long burst that is left to the automatic
-        checkpoint (``_AUTOCHECKPOINT_PAGES``), cheap by then since little is left to copy.
+        PASSIVE blocks no reader and no writer, but appends landing meanwhile leave it a few
+        frames short, and SQLite rewinds the WAL only after a checkpoint caught up: through
+        a long burst the file would grow without end. Past ``_RESTART_FRAMES`` a RESTART
+        checkpoint takes the write lock for the last few frames; writers meanwhile wait in
+        their own retry loops, their event loops free (SQLite's inline automatic checkpoint
+        did this inside one writer's commit: stalls of 130-260 ms measured).
         """
         with self._checkpointer.lock:
             try:
-                self._checkpointer.get().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                conn = self._checkpointer.get()
+                _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                if frames >= _RESTART_FRAMES:
+                    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
             except Exception as exc:  # noqa: BLE001 - a skipped checkpoint is harmless
                 # mostly busy: another process is checkpointing; the next one catches up
                 logger.debug("checkpoint of %s skipped: %s", self.path, exc)
 
     def _open_for_checkpoints(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+        # a busy handler is fine here: it sleeps in the worker thread, never on a loop
+        conn = sqlite3.connect(
+            self.path,
+            timeout=_RESTART_WAIT_S,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         conn.execute(f"PRAGMA journal_size_limit={_WAL_SIZE_LIMIT}")
         return conn
 
@@ -599,7 +613,7 @@ class SqliteSessionStore(SessionStore):
         conn.execute(f"PRAGMA journal_size_limit={_WAL_SIZE_LIMIT}")
         # SQLite's automatic checkpoint runs inside whichever commit crosses 1000 WAL pages:
         # every ~130th append paid several ms (p99 x2 measured). Checkpoints run in a worker
-        # instead; the automatic one stays only as a safety net far above that.
+        # (_checkpoint) instead; the automatic one stays only as a last resort far above.
         conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
