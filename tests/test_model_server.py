@@ -790,7 +790,8 @@ def test_cli_prompt_too_long(e2e_server, claude_home, reaper):
 def test_cli_stream_cut(e2e_server, claude_home, reaper):
     home = claude_home(e2e_server)
     res = _claude(reaper, home, "[[cut]] try").result
-    assert res["is_error"] is True and res["api_error_status"] is None
+    answers = [(r.answer, r.stream, r.status, r.detail) for r in e2e_server.requests]
+    assert res["is_error"] is True and res["api_error_status"] is None, (res, answers)
     assert "Connection to the API was lost" in res["result"]
     # After a broken stream the CLI falls back to a non-streaming request, even with
     # retries=0 (under load it sometimes tries one more stream first).
