@@ -56,7 +56,7 @@ def flower_steps(env: dict[str, str], root: Path, n: int, r: int) -> list[float]
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     rows = json.loads((runs / "manifest.json").read_text())
     starts = [row["started_at"] for row in rows]
-    return [b - a for a, b in zip(starts, starts[1:])]
+    return [b - a for a, b in zip(starts, starts[1:], strict=False)]
 
 
 def sdk_import() -> float:

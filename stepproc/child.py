@@ -44,7 +44,6 @@ from ipc import (
 
 from .proctree import become_subreaper, die_with_parent, kill_descendants
 
-
 MAX_TEXT_BYTES = 4 * 1024 * 1024  # half the protocol's line bound, leaving room for the rest
 
 

@@ -6,7 +6,6 @@ traceback.
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -123,7 +122,3 @@ def _fail(exc: FlowerError) -> None:
     if exc.hint:
         click.echo(f"  hint: {exc.hint}", err=True)
     sys.exit(2)
-
-
-def quote(cmd: list[str]) -> str:
-    return shlex.join(cmd)

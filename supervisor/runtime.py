@@ -13,14 +13,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from flower.core.agent import AgentSpec
 from flower.core.fsutil import private_dir
 from flower.core.result import Event, StepResult
 from flower.core.runtime import OnEvent, Runtime
-from ipc import Answer, Ask, EventMsg, Failure, Hello, Interrupt, ProtocolError, Result, Session, Start
+from ipc import (
+    Answer,
+    Ask,
+    EventMsg,
+    Failure,
+    Hello,
+    Interrupt,
+    ProtocolError,
+    Result,
+    Session,
+    Start,
+)
 from stepproc.proctree import kill_group, reap_orphans
 from stepproc.spawn import ChildHandle, describe_status, spawn
 
@@ -221,7 +231,3 @@ def _fold_child_result(res: StepResult, out: StepResult) -> None:
 
 def _safe(label: str) -> str:
     return "".join(c if c not in "/\\\0" else "_" for c in label)
-
-
-def log_dir(run_dir: Path, run_id: str) -> Path:
-    return run_dir / "logs" / run_id

@@ -21,7 +21,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from flower import FlowerError
 from flower.core.registry import INTERRUPTED, KILLED
@@ -157,7 +156,3 @@ def _flush() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-
-
-def describe(args: Any) -> str:
-    return " ".join(args)

@@ -15,7 +15,15 @@ from typing import Any
 
 from flower import FlowerError
 from flower.core.manifest import read_manifest
-from flower.core.registry import FAILED, FINISHED, INTERRUPTED, KILLED, RUNNING, FlowerRecord, Registry
+from flower.core.registry import (
+    FAILED,
+    FINISHED,
+    INTERRUPTED,
+    KILLED,
+    RUNNING,
+    FlowerRecord,
+    Registry,
+)
 
 LAST_ROWS = 10
 RESUMABLE = "interrupted-resumable"

@@ -228,11 +228,11 @@ def test_new_ignores_the_unfinished_run(tmp_path):
 
 
 def test_a_start_refused_for_another_workspace_leaves_no_record(tmp_path):
-    from flower import RunDirBusy
-    from flower.core.registry import FlowerRecord
-
     import os
     import time
+
+    from flower import RunDirBusy
+    from flower.core.registry import FlowerRecord
 
     runs = tmp_path / "runs"
     runs.mkdir()

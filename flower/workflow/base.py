@@ -13,10 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._errors import ConfigError
 from ..core.agent import AgentSpec
 from ..core.result import Event, StepResult
-from .._errors import ConfigError
-from .resume import PriorRun, input_hash, prior_run, refuse_live_conflict, registry_lock, to_jsonable
+from .resume import (
+    PriorRun,
+    input_hash,
+    prior_run,
+    refuse_live_conflict,
+    registry_lock,
+    to_jsonable,
+)
 
 if TYPE_CHECKING:
     from ..core.runtime import Runtime
