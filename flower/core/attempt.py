@@ -1,16 +1,23 @@
 """One attempt: a single SDK client session run to its ResultMessage.
 
-The loop around attempts (retries, interrupts, handoffs) lives in ``runtime.py``; this
+The loop around attempts (retries, interrupts, handoffs) lives in ``loop.py``; this
 module only turns the SDK's message stream into a StepResult and keeps the running context
-size, telling its owner the instant the session id is known.
+size, telling its owner the instant the session id is known, and makes sure nothing of an
+attempt outlives it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import psutil
 
 from .result import Event, StepResult
 
@@ -124,11 +131,13 @@ async def run_attempt(
     """Run one SDK client session to its result; exceptions become the attempt's error.
 
     ``on_client`` receives the connected client (and None when done) so an interrupt can
-    reach it from another task.
+    reach it from another task. Whatever the CLI leaves running when it is gone (a tool
+    still working when the CLI was killed) is ended before this returns.
     """
     from claude_agent_sdk import ClaudeSDKClient
 
-    client = ClaudeSDKClient(options)
+    tag = secrets.token_hex(8)
+    client = ClaudeSDKClient(replace(options, env={**options.env, ATTEMPT_TAG: tag}))
     try:
         await client.connect()
         on_client(client)
@@ -143,12 +152,47 @@ async def run_attempt(
         state.result.error = state.result.error or f"{type(exc).__name__}: {exc}"
     finally:
         on_client(None)
-        try:
+        with contextlib.suppress(Exception):  # the CLI may already be gone
             await client.disconnect()
-        except Exception:  # noqa: BLE001 - the CLI may already be gone
-            pass
+        await asyncio.to_thread(end_leftovers, tag)
     r = state.result
     if not r.ok and not r.error:
         r.error = state.api_error or "the CLI ended without a result"
     r.ended_at = time.time()
     return r
+
+
+# Every process of one attempt (the CLI and the tool shells it starts) inherits this variable
+# with a value unique to the attempt. Measured: SIGKILL of the CLI mid-tool leaves the tool's
+# shell running, re-parented away from us, where a process-tree walk no longer finds it.
+ATTEMPT_TAG = "FLOWER_ATTEMPT"
+
+
+def leftovers(tag: str) -> list[psutil.Process]:
+    """Live processes (other than this one) carrying ``ATTEMPT_TAG=tag`` in their environment."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(ATTEMPT_TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def end_leftovers(tag: str, timeout: float = 3.0) -> int:
+    """SIGKILL what an attempt left running once its CLI is gone; returns how many.
+
+    A tool that outlived its CLI would otherwise go on writing files while the resumed
+    session works on them.
+    """
+    victims = leftovers(tag)
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=timeout)
+    return len(victims)

@@ -242,8 +242,11 @@ class Runtime:
         on_event: OnEvent | None,
         watch_context: bool = True,
     ) -> StepResult:
-        """One SDK session run to its result."""
-        self._interrupted = False
+        """One SDK session run to its result.
+
+        An interrupt pending from before the attempt is not cleared here: the loop hands it
+        on (``take_interrupt_text``) with the next prompt.
+        """
         self._handoff_due = False
         watch = AttemptWatch(
             on_session=self._session_seen,
@@ -305,7 +308,7 @@ class Runtime:
         if self._client is not None:
             try:
                 await self._client.interrupt()
-            except Exception:  # noqa: BLE001 - the turn may have just ended
+            except Exception:  # the turn may have just ended
                 log.debug("interrupt failed", exc_info=True)
 
     def reply(self, text: str | None) -> None:
@@ -314,11 +317,14 @@ class Runtime:
             self._reply.set_result(text)
 
     async def take_interrupt_text(self, timeout: float = 600.0) -> str | None:
+        """Consume the pending interrupt: what the person said (waiting for :meth:`reply`)."""
+        self._interrupted = False
         if self._reply is None:
-            return self._interrupt_text
+            text, self._interrupt_text = self._interrupt_text, None
+            return text
         try:
             return await asyncio.wait_for(self._reply, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         finally:
             self._reply = None

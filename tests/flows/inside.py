@@ -1,0 +1,38 @@
+"""Flows for the "inside a step" drills (retries, cuts, kills, handoffs, interrupts).
+
+Each flow is one or two steps whose prompt carries a ``[[marker]]`` naming the scripted
+conversation that answers it; the scripts live in the tests.
+"""
+
+from __future__ import annotations
+
+from flower.core.agent import AgentSpec
+from flower.workflow import Step, Workflow
+
+hands = AgentSpec(
+    name="hands",
+    instructions="test agent",
+    allowed_tools=["Bash", "Read", "Write", "Edit"],
+    permission_mode="acceptEdits",
+)
+
+
+def single(name: str) -> Workflow:
+    """A one-step flow: step ``name`` prompted with ``[[name]] go``."""
+    return Workflow([Step(name, hands, f"[[{name}]] go")], name=name)
+
+
+net = single("net")  # a connection outage mid-step
+auth = single("auth")  # a 401
+cut = single("cut")  # a stream cut mid-answer
+killed = single("killed")  # the CLI SIGKILLed mid-turn
+full = single("full")  # the context crosses the handoff threshold
+over = single("over")  # the API says "prompt is too long"
+ask = single("ask")  # a person interrupts with a sentence
+
+# Two bursts in one run: each step starts its own attempt count, so both show the
+# backoff growing from the first delay.
+bursts = Workflow(
+    [Step("s529", hands, "[[s529]] go"), Step("s429", hands, "[[s429]] go")],
+    name="bursts",
+)

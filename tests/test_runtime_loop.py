@@ -1,0 +1,573 @@
+"""The attempt loop of ``Runtime.run`` as pure logic: a Runtime whose ``_attempt`` is scripted.
+
+The real loop (``flower.core.loop``), the real interrupt/reply methods and the real context
+tracking run; only the SDK session is replaced by a list of outcomes, and the network
+probe by a list of answers. The end-to-end drills against the real CLI are in
+``test_e2e_resilience.py`` and ``test_e2e_handoff.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
+
+from flower.core.agent import AgentSpec
+from flower.core.attempt import ATTEMPT_TAG, AttemptState, AttemptWatch, end_leftovers, leftovers
+from flower.core.resilience import RESUME_PROMPT, Resilience
+from flower.core.result import Event, StepResult
+from flower.core.runtime import Runtime
+from flower.core.window import HandoffPolicy
+from flower.docs.handoff import HANDOFF_PROMPT, Handoff, degraded
+
+WINDOW = 200_000  # at = 150K, warn_at = 130K
+SPEC = AgentSpec(name="t", instructions="test", max_budget_usd=1.0)
+HANDOFF_TEXT = "## 在做什么\n写到第三章\n\n## 已经定下的\n用 Markdown\n\n## 下一步\n写第四章\n"
+OVERLOADED = "API Error: 529 Overloaded. This is a server-side issue, usually temporary"
+UNAUTHORIZED = "API Error: 401 Invalid API key · Fix external API key"
+
+Outcome = StepResult | Callable[["Scripted"], Awaitable[StepResult]]
+
+
+def ok(sid: str | None, text: str = "done") -> StepResult:
+    return StepResult(step="s", session_id=sid, ok=True, text=text, cost_usd=0.01, num_turns=1)
+
+
+def fail(sid: str | None, error: str) -> StepResult:
+    return StepResult(step="s", session_id=sid, ok=False, error=error, cost_usd=0.01, num_turns=1)
+
+
+@dataclass
+class Call:
+    spec: AgentSpec
+    prompt: str
+    resume: str | None
+    fork: bool
+    resume_at: str | None
+    watch_context: bool
+
+
+@dataclass
+class Net(Resilience):
+    """Resilience whose probe answers from ``ups`` (then True); tiny delays."""
+
+    base_delay: float = 0.01
+    max_delay: float = 0.05
+    probe_interval: float = 0.01
+    ups: list[bool] = field(default_factory=list)
+    probes: int = 0
+    delays: list[float] = field(default_factory=list)
+
+    def reachable(self) -> bool:
+        self.probes += 1
+        return self.ups.pop(0) if self.ups else True
+
+    def delay_for(self, n: int) -> float:
+        self.delays.append(super().delay_for(n))
+        return self.delays[-1]
+
+
+class Scripted(Runtime):
+    """A Runtime whose attempts return scripted outcomes (marked like the real ``_attempt``)."""
+
+    def __init__(self, outcomes: list[Outcome], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.outcomes = list(outcomes)
+        self.calls: list[Call] = []
+        self.label = ""
+        self.on_event_seen: Any = None
+
+    async def _attempt(
+        self, spec, prompt, *, label, resume, fork, resume_at, on_event, watch_context=True
+    ):  # type: ignore[override]
+        self._handoff_due = False
+        self.label, self.on_event_seen = label, on_event
+        self.calls.append(Call(spec, prompt, resume, fork, resume_at, watch_context))
+        item = self.outcomes.pop(0)
+        out = await item(self) if callable(item) else item
+        if self._interrupted:
+            out.ok, out.error = False, self.INTERRUPTED
+        elif self._handoff_due and not out.ok:
+            out.error = self.HANDOFF_DUE
+        return out
+
+
+@pytest.fixture
+def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Scripted]:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-dummy-key")
+    (tmp_path / "ws").mkdir()
+
+    def build(outcomes: list[Outcome], **kw: Any) -> Scripted:
+        kw.setdefault("resilience", Net())
+        kw.setdefault("handoff", HandoffPolicy(window=WINDOW))
+        rt = Scripted(outcomes, workspace=tmp_path / "ws", run_dir=tmp_path / "runs", **kw)
+        return rt
+
+    return build
+
+
+def run(
+    rt: Runtime, prompt: str = "do it", events: list[Event] | None = None, **kw: Any
+) -> StepResult:
+    async def go() -> StepResult:
+        try:
+            return await rt.run(
+                SPEC,
+                prompt,
+                step_name="s",
+                on_event=events.append if events is not None else None,
+                **kw,
+            )
+        finally:
+            rt.close()
+
+    return asyncio.run(go())
+
+
+def row(rt: Runtime) -> dict[str, Any]:
+    (only,) = json.loads((rt.run_dir / "manifest.json").read_text(encoding="utf-8"))
+    return only
+
+
+# --- exit 1 and 4: success, retries ------------------------------------------------------
+
+
+def test_success_first_time_is_one_attempt(make):
+    rt = make([ok("s1")])
+    res = run(rt)
+    assert res.ok and res.attempts == 1 and res.errors == [] and not res.resumed
+    assert [c.prompt for c in rt.calls] == ["do it"]
+    assert row(rt)["attempts"] == 1 and row(rt)["session_id"] == "s1"
+
+
+def test_transient_errors_resume_the_seen_session_with_growing_delays(make):
+    net = Net()
+    rt = make([fail("s1", OVERLOADED), fail("s1", OVERLOADED), ok("s1")], resilience=net)
+    events: list[Event] = []
+    res = run(rt, events=events)
+    assert res.ok and res.attempts == 3 and res.resumed and res.errors == [OVERLOADED] * 2
+    assert [(c.prompt, c.resume, c.fork) for c in rt.calls[1:]] == [
+        (RESUME_PROMPT, "s1", False)
+    ] * 2
+    assert [e.payload["attempt"] for e in events if e.kind == "retry"] == [1, 2]
+    assert len(net.delays) == 2 and net.delays[1] > net.delays[0]
+    r = row(rt)
+    assert (r["attempts"], r["errors"], r["resumed"], r["ok"]) == (3, [OVERLOADED] * 2, True, True)
+
+
+def test_a_fatal_error_is_not_retried(make):
+    rt = make([fail("s1", UNAUTHORIZED)])
+    res = run(rt)
+    assert not res.ok and res.attempts == 1 and res.error == UNAUTHORIZED and len(rt.calls) == 1
+
+
+def test_retries_stop_at_max_attempts(make):
+    rt = make([fail("s1", OVERLOADED)] * 3, resilience=Net(max_attempts=3))
+    res = run(rt)
+    assert not res.ok and res.attempts == 3 and len(res.errors) == 3 and len(rt.calls) == 3
+
+
+def test_no_retry_when_resilience_is_off(make):
+    rt = make([fail("s1", OVERLOADED)], resilience=False)
+    res = run(rt)
+    assert not res.ok and res.attempts == 1 and len(rt.calls) == 1
+
+
+def test_a_failure_before_any_session_repeats_the_same_request(make):
+    # A fork that died before its new session was known is forked again, not resumed in
+    # the parent session it was meant to leave untouched.
+    rt = make([fail(None, "ProcessError: Command failed with exit code -9"), ok("child")])
+    res = run(rt, resume="parent", fork=True, resume_at="msg-7")
+    _, second = rt.calls
+    assert (second.prompt, second.resume, second.fork, second.resume_at) == (
+        "do it",
+        "parent",
+        True,
+        "msg-7",
+    )
+    assert res.ok and res.attempts == 2 and not res.resumed and res.session_id == "child"
+
+
+def test_a_long_outage_gives_up_after_max_offline_wait(make):
+    net = Net(ups=[False] * 10_000, probe_interval=0.01, max_offline_wait=0.1)
+    rt = make([fail("s1", "API Error: Connection refused (ECONNREFUSED)")], resilience=net)
+    res = run(rt)
+    assert not res.ok and res.attempts == 1 and len(rt.calls) == 1
+    assert "网络仍不通" in (res.error or "") and net.probes >= 2
+
+
+def test_the_network_is_waited_for_before_the_retry(make):
+    net = Net(ups=[False, False, False])
+    rt = make(
+        [fail("s1", "API Error: Connection refused (ECONNREFUSED)"), ok("s1")], resilience=net
+    )
+    res = run(rt)
+    assert res.ok and res.attempts == 2 and net.probes == 4
+
+
+# --- exit 2: interrupts ------------------------------------------------------------------
+
+
+def test_an_interrupt_resumes_with_the_sentence_and_uses_no_attempt(make):
+    async def interrupted(rt: Scripted) -> StepResult:
+        await rt.interrupt("先写测试")
+        return fail("s1", "[ede_diagnostic] result_type=user")
+
+    rt = make([interrupted, ok("s1")])
+    res = run(rt)
+    assert res.ok and res.attempts == 1 and res.errors == []
+    assert (rt.calls[1].prompt, rt.calls[1].resume) == (
+        f"先写测试\n\n{Runtime.INTERRUPT_NOTE}",
+        "s1",
+    )
+
+
+def test_an_interrupt_waits_for_the_reply(make):
+    async def interrupted(rt: Scripted) -> StepResult:
+        await rt.interrupt(None)
+        asyncio.get_running_loop().call_later(0.05, rt.reply, "晚到的一句")
+        return fail("s1", "aborted")
+
+    rt = make([interrupted, ok("s1")])
+    assert run(rt).ok
+    assert rt.calls[1].prompt == f"晚到的一句\n\n{Runtime.INTERRUPT_NOTE}"
+
+
+def test_an_interrupt_with_nothing_said_sends_only_the_note(make):
+    async def interrupted(rt: Scripted) -> StepResult:
+        await rt.interrupt("")
+        return fail("s1", "aborted")
+
+    rt = make([interrupted, ok("s1")])
+    assert run(rt).ok and rt.calls[1].prompt == Runtime.INTERRUPT_NOTE
+
+
+def test_an_interrupt_before_any_session_stops_the_step(make):
+    async def interrupted(rt: Scripted) -> StepResult:
+        await rt.interrupt("停")
+        return fail(None, "aborted")
+
+    rt = make([interrupted])
+    res = run(rt)
+    assert not res.ok and res.error == Runtime.INTERRUPTED and len(rt.calls) == 1
+
+
+@pytest.mark.timeout(20)  # the unanswered probes alone would hold the wait for 60 s
+def test_an_interrupt_during_the_network_wait_ends_it_and_brings_the_sentence(make):
+    net = Net(ups=[False] * 10_000, probe_interval=0.02, max_offline_wait=60.0)
+    rt = make(
+        [fail("s1", "API Error: Connection refused (ECONNREFUSED)"), ok("s1")], resilience=net
+    )
+
+    async def go() -> StepResult:
+        step = asyncio.ensure_future(rt.run(SPEC, "do it", step_name="s"))
+        while net.probes < 3:
+            await asyncio.sleep(0.01)
+        await rt.interrupt("网络好了再说,先改 README")
+        return await step
+
+    res = asyncio.run(go())
+    rt.close()
+    assert res.ok and res.attempts == 2 and res.resumed
+    second = rt.calls[1]
+    assert second.resume == "s1"
+    assert (
+        second.prompt == f"{RESUME_PROMPT}\n\n网络好了再说,先改 README\n\n{Runtime.INTERRUPT_NOTE}"
+    )
+
+
+# --- exit 3: handoffs --------------------------------------------------------------------
+
+
+def crossing(sid: str, used: int = 160_000) -> Callable[[Scripted], Awaitable[StepResult]]:
+    """An attempt whose turn reports ``used`` tokens before it ends (not a final turn)."""
+
+    async def attempt(rt: Scripted) -> StepResult:
+        if rt._context_seen(rt.label, used, False, rt.on_event_seen):
+            return fail(sid, "[ede_diagnostic] aborted_tools")
+        return ok(sid)
+
+    return attempt
+
+
+def test_crossing_the_threshold_hands_off_to_a_fresh_session(make):
+    rt = make([crossing("old"), ok("old", HANDOFF_TEXT), ok("new", "all done")], workbench=True)
+    events: list[Event] = []
+    res = run(rt, events=events)
+    ask, fresh = rt.calls[1], rt.calls[2]
+    assert ask.prompt == HANDOFF_PROMPT.format(used=160_000, window=WINDOW)
+    assert (ask.resume, ask.fork, ask.watch_context, ask.spec.max_budget_usd) == (
+        "old",
+        False,
+        False,
+        None,
+    )
+    expected = Handoff.parse(HANDOFF_TEXT)
+    expected.step = "s"
+    assert (fresh.prompt, fresh.resume, fresh.fork) == (expected.prompt_block(), None, False)
+    assert res.ok and res.retired == ["old"] and res.session_id == "new" and res.attempts == 1
+    assert res.errors == [] and res.text == "all done"
+    path = rt.workspace / ".flower" / "notes" / "交接-s.md"
+    assert Handoff.load(path) == expected
+    handoffs = [e.payload for e in events if e.kind == "handoff"]
+    assert [p["phase"] for p in handoffs] == ["near", "writing", "done"]
+    assert handoffs[-1]["degraded"] is False and handoffs[-1]["path"] == str(path)
+
+
+def test_without_a_workbench_the_handoff_still_reaches_the_successor(make):
+    rt = make([crossing("old"), ok("old", HANDOFF_TEXT), ok("new")])
+    events: list[Event] = []
+    assert run(rt, events=events).ok
+    assert rt.calls[2].prompt.endswith("## 下一步\n写第四章")
+    assert [e.payload.get("path") for e in events if e.payload.get("phase") == "done"] == [None]
+
+
+def test_an_incomplete_handoff_falls_back_to_the_degraded_one(make):
+    rt = make([crossing("old"), ok("old", "我觉得差不多了"), ok("new")])
+    res = run(rt, prompt="写一本书")
+    successor = rt.calls[2].prompt
+    assert res.ok and res.retired == ["old"]
+    assert degraded("s", "写一本书").doing in successor and "缺了必填段" in successor
+
+
+def test_prompt_too_long_hands_off_at_once_with_the_degraded_handoff(make):
+    too_long = "Prompt is too long · the request is ~210000 tokens (limit 200000)"
+    rt = make([fail("old", too_long), ok("new")])
+    res = run(rt, prompt="写一本书")
+    assert len(rt.calls) == 2, "the full session was asked to write a handoff it cannot write"
+    h = degraded("s", "写一本书", why=too_long)
+    assert rt.calls[1].prompt == h.prompt_block() and rt.calls[1].resume is None
+    assert res.ok and res.retired == ["old"] and res.attempts == 1 and res.errors == []
+
+
+def test_near_is_announced_once_per_generation(make):
+    # g0 warns at 135K and fails (a retry), crosses at 160K (handoff); g1 warns at 140K.
+    rt = make(
+        [
+            _fail_after_context("g0", 135_000),
+            crossing("g0", 160_000),
+            ok("g0", HANDOFF_TEXT),
+            crossing("g1", 140_000),
+        ]
+    )
+    events: list[Event] = []
+    res = run(rt, events=events)
+    assert res.ok and res.retired == ["g0"]
+    nears = [
+        e.payload["used"] for e in events if e.kind == "handoff" and e.payload["phase"] == "near"
+    ]
+    assert nears == [135_000, 140_000]
+
+
+def _fail_after_context(sid: str, used: int) -> Callable[[Scripted], Awaitable[StepResult]]:
+    async def attempt(rt: Scripted) -> StepResult:
+        rt._context_seen(rt.label, used, False, rt.on_event_seen)
+        return fail(sid, OVERLOADED)
+
+    return attempt
+
+
+def test_max_generations_stops_the_step_with_a_diagnostic(make):
+    rt = make(
+        [
+            crossing("g0"),
+            ok("g0", HANDOFF_TEXT),
+            crossing("g1"),
+            ok("g1", HANDOFF_TEXT),
+            crossing("g2"),
+        ],
+        handoff=HandoffPolicy(window=WINDOW, max_generations=2),
+        workbench=True,
+    )
+    res = run(rt)
+    assert (
+        not res.ok and res.retired == ["g0", "g1"] and res.session_id == "g2" and res.attempts == 1
+    )
+    assert "max_generations=2" in (res.error or "") and "交接-s.md" in (res.error or "")
+    assert len(rt.calls) == 5
+    r = row(rt)
+    assert r["error"] == res.error and r["retired"] == ["g0", "g1"]
+
+
+def test_max_generations_without_a_workbench_says_nothing_was_saved(make):
+    rt = make(
+        [crossing("g0"), ok("g0", HANDOFF_TEXT), crossing("g1")],
+        handoff=HandoffPolicy(window=WINDOW, max_generations=1),
+    )
+    res = run(rt)
+    assert "max_generations=1" in (res.error or "") and "没有落盘" in (res.error or "")
+
+
+def test_an_interrupt_while_the_handoff_is_written_goes_to_the_successor(make):
+    async def interrupted_handoff(rt: Scripted) -> StepResult:
+        await rt.interrupt("换个思路")
+        return ok("old", HANDOFF_TEXT)
+
+    rt = make([crossing("old"), interrupted_handoff, ok("new")])
+    res = run(rt, prompt="写一本书")
+    successor = rt.calls[2].prompt
+    assert res.ok and res.attempts == 1 and res.retired == ["old"]
+    assert successor.endswith(f"换个思路\n\n{Runtime.INTERRUPT_NOTE}")
+    assert rt.calls[2].resume is None
+
+
+def test_handoff_disabled_means_no_handoff_on_overflow(make):
+    too_long = "Prompt is too long"
+    rt = make([fail("s1", too_long)], handoff=False)
+    res = run(rt)
+    assert not res.ok and res.error == too_long and len(rt.calls) == 1 and res.retired == []
+
+
+# --- _context_seen -----------------------------------------------------------------------
+
+
+def test_context_seen_tracks_warns_and_asks_for_a_handoff(make):
+    rt = make([])
+    events: list[Event] = []
+    assert rt._context_seen("s", 100_000, False, events.append) is False
+    assert rt._context_seen("s", 131_000, False, events.append) is False  # near
+    assert rt._context_seen("s", 149_000, False, events.append) is False
+    assert rt._context_seen("s", 151_000, True, events.append) is False  # a final turn: no handoff
+    assert rt._context_seen("s", 151_000, False, events.append) is True
+    rt.close()
+    assert [e.kind for e in events].count("context") == 5
+    assert [e.payload["used"] for e in events if e.kind == "handoff"] == [131_000]
+    assert rt._ctx == 151_000
+
+
+def test_context_seen_with_handoff_off_only_reports(make):
+    rt = make([], handoff=False)
+    events: list[Event] = []
+    assert rt._context_seen("s", 10_000_000, False, events.append) is False
+    rt.close()
+    assert [e.kind for e in events] == ["context"]
+
+
+# --- attempt.py: folding SDK messages ----------------------------------------------------
+
+
+def _state() -> tuple[AttemptState, list[str], list[Event], list[int]]:
+    sessions: list[str] = []
+    events: list[Event] = []
+    contexts: list[int] = []
+
+    def on_context(used: int, final: bool) -> bool:
+        contexts.append(used)
+        return False
+
+    state = AttemptState(
+        "s", AttemptWatch(on_session=sessions.append, on_event=events.append, on_context=on_context)
+    )
+    return state, sessions, events, contexts
+
+
+def _result(**kw: Any) -> ResultMessage:
+    base: dict[str, Any] = {
+        "subtype": "success",
+        "duration_ms": 1,
+        "duration_api_ms": 1,
+        "is_error": False,
+        "num_turns": 1,
+        "session_id": "s1",
+    }
+    return ResultMessage(**{**base, **kw})
+
+
+def test_a_synthetic_api_error_is_an_error_not_the_answer():
+    state, sessions, events, _ = _state()
+    state.see(
+        AssistantMessage(
+            content=[TextBlock("Working on it.")],
+            model="m",
+            session_id="s1",
+            usage={"input_tokens": 900},
+        )
+    )
+    synthetic = "API Error: 529 Overloaded. This is a server-side issue"
+    state.see(
+        AssistantMessage(
+            content=[TextBlock(synthetic)],
+            model="<synthetic>",
+            error="server_error",
+            session_id="s1",
+        )
+    )
+    state.see(_result(is_error=True, result=synthetic, api_error_status=529))
+    r = state.result
+    assert not r.ok and r.error == synthetic and r.text == "" and r.session_id == "s1"
+    assert sessions == ["s1"], "the session id must be reported exactly once"
+    assert [e.payload["text"] for e in events if e.kind == "text"] == ["Working on it."]
+    assert r.context == 900
+
+
+def test_the_status_is_added_when_the_cli_text_lacks_it():
+    state, *_ = _state()
+    state.see(
+        _result(
+            is_error=True, result="Invalid API key · Fix external API key", api_error_status=401
+        )
+    )
+    assert state.result.error == UNAUTHORIZED
+
+
+def test_a_subagent_turn_does_not_count_as_the_main_context():
+    state, _, _, contexts = _state()
+    state.see(
+        AssistantMessage(
+            content=[TextBlock("sub")],
+            model="m",
+            parent_tool_use_id="toolu_1",
+            usage={"input_tokens": 99_999},
+        )
+    )
+    state.see(
+        AssistantMessage(
+            content=[TextBlock("main")], model="m", usage={"input_tokens": 10, "output_tokens": 2}
+        )
+    )
+    assert contexts == [12] and state.result.context == 12
+
+
+def test_a_successful_result_keeps_the_answer():
+    state, *_ = _state()
+    state.see(AssistantMessage(content=[TextBlock("the answer")], model="m", session_id="s1"))
+    state.see(_result(result="the answer", total_cost_usd=0.5, num_turns=3))
+    r = state.result
+    assert (
+        r.ok
+        and r.error is None
+        and r.text == "the answer"
+        and r.cost_usd == 0.5
+        and r.num_turns == 3
+    )
+
+
+# --- attempt.py: nothing of an attempt outlives it ---------------------------------------
+
+
+def test_end_leftovers_kills_what_carries_the_attempt_tag_and_nothing_else():
+    tag = uuid.uuid4().hex
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    mine = subprocess.Popen(sleeper, env={**os.environ, ATTEMPT_TAG: tag}, start_new_session=True)
+    other = subprocess.Popen(
+        sleeper, env={**os.environ, ATTEMPT_TAG: "another-attempt"}, start_new_session=True
+    )
+    try:
+        assert [p.pid for p in leftovers(tag)] == [mine.pid]
+        assert end_leftovers(tag) == 1
+        mine.wait(timeout=5)
+        assert leftovers(tag) == [] and other.poll() is None
+    finally:
+        for proc in (mine, other):
+            proc.kill()
+            proc.wait(timeout=5)
