@@ -252,6 +252,33 @@ def test_four_writer_processes_at_once(tmp_path: Path, procs: list[subprocess.Po
     assert integrity(db) == "ok"
 
 
+def test_acknowledged_appends_survive_kill_9_of_the_writer(
+    tmp_path: Path, procs: list[subprocess.Popen]
+) -> None:
+    db = tmp_path / "sessions.db"
+    writer = subprocess.Popen(
+        [sys.executable, str(WRITER), str(db), "0", "1000000", "--ack"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(writer)
+    assert writer.stdout.readline().strip() == "ready"
+    writer.stdin.write("go\n")
+    writer.stdin.flush()
+    acked = -1
+    while acked < 300:  # mid-burst: the next append may be half written when it dies
+        acked = int(writer.stdout.readline())
+    writer.kill()
+    writer.wait(timeout=10)
+    assert integrity(db) == "ok"
+    store = SqliteSessionStore(db)
+    stored = [x["i"] for x in store.load_sync({"project_key": "proj", "session_id": "shared"})]
+    store.close()
+    assert stored[: acked + 1] == list(range(acked + 1))  # every acknowledged one, in order
+    assert stored == list(range(len(stored)))  # and nothing torn or doubled after them
+
+
 def test_a_lock_held_past_the_deadline_raises_a_clear_error(
     store: SqliteSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
