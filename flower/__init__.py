@@ -31,7 +31,7 @@ _LAZY = {
     "TrimmingSessionStore": "flower.stores.trim",
     "TrimPolicy": "flower.stores.trim",
     "EphemeralPolicy": "flower.stores.trim",
-    "is_ephemeral": "flower.stores.trim",
+    "is_ephemeral": "flower.core.ephemeral",
     "PruningSessionStore": "flower.stores.prune",
     "PrunePolicy": "flower.stores.prune",
 }
