@@ -243,6 +243,20 @@ def test_an_interrupt_waits_for_the_reply(make):
     assert rt.calls[1].prompt == f"晚到的一句\n\n{Runtime.INTERRUPT_NOTE}"
 
 
+@pytest.mark.timeout(10)  # a lost reply would leave the loop waiting for it for 600 s
+def test_a_reply_that_arrives_before_its_interrupt_is_kept(make):
+    # The step child reads "interrupt" and "answer" off its pipe in one go: the answer is
+    # handled at once, the interrupt only scheduled.
+    async def interrupted(rt: Scripted) -> StepResult:
+        rt.reply("抢先到的一句")
+        await rt.interrupt(None)
+        return fail("s1", "aborted")
+
+    rt = make([interrupted, ok("s1")])
+    assert run(rt).ok
+    assert rt.calls[1].prompt == f"抢先到的一句\n\n{Runtime.INTERRUPT_NOTE}"
+
+
 def test_an_interrupt_with_nothing_said_sends_only_the_note(make):
     async def interrupted(rt: Scripted) -> StepResult:
         await rt.interrupt("")

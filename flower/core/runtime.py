@@ -303,7 +303,7 @@ class Runtime:
         """
         self._interrupted = True
         self._interrupt_text = text
-        if text is None:
+        if text is None and self._reply is None:  # else: the reply came first, keep it
             self._reply = asyncio.get_running_loop().create_future()
         if self._client is not None:
             try:
@@ -312,8 +312,14 @@ class Runtime:
                 log.debug("interrupt failed", exc_info=True)
 
     def reply(self, text: str | None) -> None:
-        """What the person typed after an interrupt (None: nothing, just carry on)."""
-        if self._reply is not None and not self._reply.done():
+        """What the person typed after an interrupt (None: nothing, just carry on).
+
+        It may arrive before the interrupt itself has run (the step child reads both off its
+        pipe at once and only schedules the interrupt); it is then kept for it.
+        """
+        if self._reply is None:
+            self._reply = asyncio.get_running_loop().create_future()
+        if not self._reply.done():
             self._reply.set_result(text)
 
     async def take_interrupt_text(self, timeout: float = 600.0) -> str | None:
