@@ -155,6 +155,7 @@ class _Child:
         rt = self.rt
         rt.record = None  # only the supervisor writes the registry, lineage and manifest
         rt.on_session = lambda sid: self.send(Session(label=start.label, step=start.step, session_id=sid))
+        rt.defer_closing()  # report the result first, then let the CLI shut down
         self.task = asyncio.get_running_loop().create_task(
             step_loop.execute(
                 rt,
@@ -172,6 +173,7 @@ class _Child:
         if len(fields["text"].encode("utf-8")) > MAX_TEXT_BYTES:  # keep the line under the pipe's bound
             fields["text"] = fields["text"].encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore") + "\n[…截断]"
         self.send(Result(fields=_jsonable(fields)))
+        await rt.close_deferred()  # the supervisor waits for our exit before resuming this session
         return 0
 
     def on_event(self, event: Event) -> None:

@@ -90,6 +90,7 @@ def _first_run(cmd: list[str], env: dict[str, str], root: Path, server: Any, say
     except TimeoutError:
         proc.kill()
         raise FlowerError("the demo flow never reached the step it kills", hint="run with --keep and read runs/logs") from None
+    _wait_persisted(root / "runs", "写稿")
     family = _family(proc.pid)
     say.title(f"kill -9 {proc.pid}(supervisor,正在等模型回话;它的子进程:{len(family)} 个)")
     os.kill(proc.pid, signal.SIGKILL)
@@ -113,6 +114,30 @@ def _show_resume_facts(server: Any, say: _Narrator, killed_at: int) -> None:
     if resumed is not None:
         kinds = [b.get("type") for m in resumed.messages for b in (m.get("content") if isinstance(m.get("content"), list) else [])]
         say.line(f"   第二次跑 写稿 的第一个请求带着之前的 {kinds.count('tool_use')} 次工具调用和它的结果,模型接着说")
+
+
+def _wait_persisted(runs: Path, step: str, timeout: float = 10.0) -> None:
+    """Wait until sessions.db holds the step's tool result: the CLI persists a turn a few
+    tens of ms after it has sent the next request, and the demo means to kill after that."""
+    import json
+    import sqlite3
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            sid = json.loads((runs / "lineage.json").read_text())["steps"].get(step)
+            conn = sqlite3.connect(f"file:{runs / 'sessions.db'}?mode=ro", uri=True, timeout=1)
+            try:
+                hit = sid and conn.execute(
+                    "SELECT 1 FROM entries WHERE key LIKE ? AND data LIKE '%tool_result%' LIMIT 1", (f"%/{sid}",)
+                ).fetchone()
+            finally:
+                conn.close()
+            if hit:
+                return
+        except (OSError, ValueError, KeyError, sqlite3.Error):
+            pass
+        time.sleep(0.02)
 
 
 def _family(pid: int) -> list[int]:

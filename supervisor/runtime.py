@@ -50,6 +50,7 @@ class SupervisedRuntime(Runtime):
         self.in_flight: StepResult | None = None
         self.ask_person: AskPerson | None = None
         self._reapers: set[asyncio.Task[int]] = set()
+        self._closing: dict[str, asyncio.Task[int]] = {}  # session id -> its child's reaper
         self.dying = False
 
     # -- one step through children ----------------------------------------------------
@@ -102,6 +103,10 @@ class SupervisedRuntime(Runtime):
         self, spec: AgentSpec, start: Start, res: StepResult, on_event: OnEvent | None
     ) -> tuple[StepResult | None, str]:
         """Run one child to its result: (its result, "") or (None, why it gave none)."""
+        if start.resume and start.resume in self._closing:
+            # That session's CLI (of a child that already reported) is still shutting down,
+            # flushing its last entries: resume only once they are all in sessions.db.
+            await asyncio.shield(self._closing[start.resume])
         child = self._spawn(spec, start.label)
         self.note(attempt=res.attempts + 1)
         out: StepResult | None = None
@@ -129,6 +134,10 @@ class SupervisedRuntime(Runtime):
             task = asyncio.get_running_loop().create_task(self._reap(child))
             self._reapers.add(task)
             task.add_done_callback(self._reapers.discard)
+            if out.session_id:
+                sid = out.session_id
+                self._closing[sid] = task
+                task.add_done_callback(lambda _t, sid=sid: self._closing.pop(sid, None) if self._closing.get(sid) is _t else None)
             return out, ""
         status = await self._reap(child)
         return None, problem or f"step child {child.pid} died without a result ({describe_status(status)})"

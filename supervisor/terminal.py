@@ -66,8 +66,14 @@ class Terminal:
 
     def _ev_retry(self, ev: Event) -> None:
         p = ev.payload
-        why = "步骤子进程意外退出" if p.get("kind") == "child-died" else "API 暂时不可用"
-        self.say(f"  … {why},{p.get('delay', 0)} 秒后在同一条会话上接着做(第 {p.get('attempt')} 次)")
+        if p.get("kind") == "child-died":
+            self.say(f"  … 步骤子进程意外退出,{p.get('delay', 0)} 秒后换一个子进程接着同一条会话(第 {p.get('attempt')} 次失败)")
+        else:
+            self.say(f"  … API 暂时不可用:网络通了再等 {p.get('delay', 0)} 秒,在同一条会话上接着做(第 {p.get('attempt')} 次失败)")
+
+    def _ev_offline(self, ev: Event) -> None:
+        p = ev.payload
+        self.say(f"  … 连不上 API,等网络恢复(已等 {p.get('elapsed', 0)} 秒,每 {p.get('interval', 0):g} 秒探一次;Ctrl-C 可以打断)")
 
     def _ev_handoff(self, ev: Event) -> None:
         p = ev.payload

@@ -46,6 +46,7 @@ def test_kill9_supervisor_waiting_on_model(model_server, flower_env):
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 1)
     before = f.lineage()["steps"]
+    wait_until(lambda: f.has_tool_result(before["second"]), 10, "the tool result in sessions.db")
     killed_at = max(r.seq for r in server.requests)
     assert kill(proc) == -signal.SIGKILL
     f.assert_no_survivors(within=5.0)
@@ -114,6 +115,7 @@ def test_kill9_step_child_is_resumed_in_a_new_child(model_server, flower_env):
     waiting_on(server, "second", 1)
     child = wait_until(lambda: f.step_child(proc.pid), 10, "the step child")
     sid = f.lineage()["steps"]["second"]
+    wait_until(lambda: f.has_tool_result(sid), 10, "the tool result in sessions.db")
     child.kill()
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out.decode()

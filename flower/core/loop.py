@@ -295,8 +295,12 @@ async def _back_off(
         payload = {"attempt": attempt, "delay": round(delay, 1), "kind": policy.classify(error)}
         on_event(Event("retry", label, payload))
 
+    def offline(elapsed: float) -> None:  # one event per failed probe: the terminal shows the wait
+        if on_event:
+            on_event(Event("offline", label, {"elapsed": round(elapsed), "interval": policy.probe_interval}))
+
     async def wait() -> bool:
-        if not await policy.wait_online():
+        if not await policy.wait_online(on_wait=offline):
             return False
         await asyncio.sleep(delay)
         return True

@@ -72,6 +72,7 @@ class Runtime:
         self.store = self._make_store()
         self.record: FlowerRecord | None = None
         self._manifest: Manifest | None = None
+        self._deferred: list[Any] | None = None  # closers of CLIs that answered (see defer_closing)
         self._client: Any = None
         self._interrupt_text: str | None = None
         self._interrupted = False
@@ -265,12 +266,22 @@ class Runtime:
             portable=self.portable,
         )
         state = AttemptState(label, watch)
-        result = await run_attempt(options, prompt, state, on_client=self._set_client)
+        await self.close_deferred()  # the session may be the one a deferred CLI still holds
+        result = await run_attempt(options, prompt, state, on_client=self._set_client, defer_close=self._deferred)
         if self._interrupted:
             result.ok, result.error = False, self.INTERRUPTED
         elif self._handoff_due and not result.ok:
             result.error = self.HANDOFF_DUE
         return result
+
+    def defer_closing(self) -> None:
+        """Let a successful attempt's CLI shut down after the result is out (step children
+        report first, then close; :meth:`close_deferred` finishes the job)."""
+        self._deferred = []
+
+    async def close_deferred(self) -> None:
+        while self._deferred:
+            await self._deferred.pop(0)()
 
     def _set_client(self, client: Any) -> None:
         self._client = client

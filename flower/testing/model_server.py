@@ -81,6 +81,7 @@ prints the URL once listening and serves until SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import socket
 import sys
@@ -364,8 +365,12 @@ class ModelServer:
             _http.send_json(h, turn.error.status, turn.error.body(), turn.error.headers())
             return
         if kind == "outage":
-            _http.reset(h)
+            # Stop listening before the reset: a client that reconnects at once must find the
+            # port refusing, as in a real outage, not the server still up for a moment.
             self.outage(turn.outage or 0.0)
+            with contextlib.suppress(TimeoutError):
+                self.wait_listening(False, timeout=5.0)
+            _http.reset(h)
             return
         ids = turn.tool_ids(sel.index)
         usage = _wire.usage_for(turn, _wire.estimate_tokens(len(raw)))
