@@ -144,7 +144,7 @@ def test_outage_is_waited_out_and_the_same_session_resumes(model_server, flower_
 
 # --- 2. 529 / 429 bursts back off in the same session; a 401 stops at once ------------------
 
-RETRY_LINE = re.compile(r"API 暂时不可用,([\d.]+) 秒后在同一条会话上接着做")
+RETRY_LINE = re.compile(r"API 暂时不可用:网络通了再等 ([\d.]+) 秒,在同一条会话上接着做")
 
 
 @pytest.mark.timeout(150)  # two bursts of two errors each: backoff ~4 s + ~8 s per step
