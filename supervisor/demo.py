@@ -117,26 +117,20 @@ def _show_resume_facts(server: Any, say: _Narrator, killed_at: int) -> None:
 
 
 def _wait_persisted(runs: Path, step: str, timeout: float = 10.0) -> None:
-    """Wait until sessions.db holds the step's tool result: the CLI persists a turn a few
-    tens of ms after it has sent the next request, and the demo means to kill after that."""
+    """Wait until sessions.db holds the step's tool result (the CLI persists a turn a few
+    tens of ms after sending the next request; the demo means to kill after that)."""
     import json
-    import sqlite3
+
+    from flower.testing.rundir import has_tool_result
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             sid = json.loads((runs / "lineage.json").read_text())["steps"].get(step)
-            conn = sqlite3.connect(f"file:{runs / 'sessions.db'}?mode=ro", uri=True, timeout=1)
-            try:
-                hit = sid and conn.execute(
-                    "SELECT 1 FROM entries WHERE key LIKE ? AND data LIKE '%tool_result%' LIMIT 1", (f"%/{sid}",)
-                ).fetchone()
-            finally:
-                conn.close()
-            if hit:
-                return
-        except (OSError, ValueError, KeyError, sqlite3.Error):
-            pass
+        except (OSError, ValueError, KeyError):
+            sid = None
+        if sid and has_tool_result(runs, sid):
+            return
         time.sleep(0.02)
 
 

@@ -6,7 +6,6 @@ it never sees a torn file). It never imports the SDK, so it answers at once.
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flower import FlowerError
+from flower.core.lineage import peek
 from flower.core.manifest import read_manifest
 from flower.core.registry import (
     FAILED,
@@ -86,19 +86,11 @@ def collect(run_dir: Path) -> Report:
     run_dir = run_dir.expanduser().absolute()
     if not run_dir.is_dir():
         raise FlowerError(f"no run directory at {run_dir}", hint="run from the directory you started flower in, or pass -r DIR")
-    lineage = _read_lineage(run_dir / "lineage.json")
+    lineage = peek(run_dir)
     records = Registry(run_dir).records()
     views = [_view(r, records) for r in records]
     rows = read_manifest(run_dir)[-LAST_ROWS:]
     return Report(run_dir, lineage.get("workspace"), int(lineage.get("woke") or 0), dict(lineage.get("steps") or {}), views, rows)
-
-
-def _read_lineage(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _view(r: FlowerRecord, everyone: list[FlowerRecord]) -> FlowerView:

@@ -23,6 +23,7 @@ import psutil
 
 from flower.testing.cli_env import cli_env
 from flower.testing.model_server import ModelServer
+from flower.testing.rundir import has_tool_result, transcript
 
 REPO = Path(__file__).resolve().parents[1]
 TAG = "FLOWER_TEST_TAG"
@@ -110,24 +111,10 @@ class Flower:
         return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
 
     def transcript(self, session_id: str) -> list[dict[str, Any]]:
-        """The main transcript of ``session_id`` as sessions.db holds it (read-only)."""
-        import sqlite3
-
-        db = self.runs / "sessions.db"
-        if not db.exists():
-            return []
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            rows = conn.execute("SELECT data FROM entries WHERE key LIKE ? ORDER BY seq", (f"%/{session_id}",)).fetchall()
-        finally:
-            conn.close()
-        return [json.loads(r[0]) for r in rows]
+        return transcript(self.runs, session_id)
 
     def has_tool_result(self, session_id: str) -> bool:
-        """Has sessions.db recorded a tool result in this session yet? The CLI persists a
-        turn 60-90 ms after it sent the next request, so a drill that must not lose a
-        finished tool call waits for this before it kills."""
-        return any('"tool_result"' in json.dumps(e) for e in self.transcript(session_id))
+        return has_tool_result(self.runs, session_id)
 
     def rows(self, step: str) -> list[dict[str, Any]]:
         return [r for r in self.manifest() if r["step"] == step]

@@ -23,6 +23,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -92,6 +93,16 @@ def _parse(text: str) -> _State | None:
         return None
     good = {k: v for k, v in steps.items() if isinstance(v, str) and v}
     return _State(workspace, woke, good)
+
+
+def peek(run_dir: str | Path) -> dict[str, Any]:
+    """``lineage.json`` as it stands (workspace, woke, steps), not checked against any store
+    or workspace; ``{}`` when missing or malformed. For readers such as ``status``."""
+    try:
+        state = _parse((Path(run_dir) / LINEAGE_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return {}
+    return {} if state is None else {"workspace": state.workspace, "woke": state.woke, "steps": state.steps}
 
 
 class Lineage:
