@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,3 +42,17 @@ def flower_env(tmp_path: Path) -> Iterator[Callable[..., Flower]]:
     yield make
     for f in made:
         f.cleanup()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Children a test starts; all are killed and reaped afterwards, whatever happened."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+        for stream in (p.stdin, p.stdout):
+            if stream:
+                stream.close()

@@ -13,7 +13,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,20 +24,6 @@ from tests.fixtures.lineage_remember import session_id
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lineage_remember.py"
 SID = "47395075-bec7-466e-80cd-f4d60b360235"
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Children a test starts; all are killed and reaped afterwards, whatever happened."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
-        for stream in (p.stdin, p.stdout):
-            if stream:
-                stream.close()
 
 
 def spawn(procs: list, *args: str) -> subprocess.Popen[str]:

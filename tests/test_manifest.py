@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,20 +33,6 @@ from tests.fixtures.manifest_writer import row_result, row_text
 
 FIXTURE = Path(__file__).parent / "fixtures" / "manifest_writer.py"
 OLD_RUN = "20260101-000000-aaaaaa"
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Children a test starts; all are killed and reaped afterwards, whatever happened."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
-        for stream in (p.stdin, p.stdout):
-            if stream:
-                stream.close()
 
 
 def spawn(procs: list, runs: Path, run_id: str, count: int, size: int, *flags: str):
