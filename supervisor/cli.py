@@ -34,7 +34,24 @@ def main() -> None:
 @click.option("--new", is_flag=True, help="do not continue last time: archive lineage.json, 需求.md, 目标.md and start a new thing")
 @click.option("--no-trim", is_flag=True, help="do not trim large old tool results when resuming (trimming is on by default here)")
 def start(ask: str, flow_ref: str | None, run_dir: Path, workspace: Path | None, new: bool, no_trim: bool) -> None:
-    """Start (or carry on) a flow. ASK is what you want done; nothing = carry on."""
+    """Start (or carry on) a flow. ASK is what you want done; nothing = carry on.
+
+    \b
+    Examples:
+      flower-super start "write a markdown to html script"
+      flower-super start "also highlight code blocks"   # same conversation, one more sentence
+      flower-super start                                 # carry on where it stopped
+      flower-super start --flow flows/review.py:flow -r runs
+
+    \b
+    While it runs:
+      Ctrl-C once   interrupt the step; type a sentence (or just Enter) and it carries on
+      Ctrl-C twice  exit; run the same command again later to continue
+      SIGTERM/HUP   the step in flight is recorded as killed-by-signal; a restart resumes
+
+    Exit status: 0 finished, 1 a step failed, 2 a mistake (one line with a hint),
+    130 after Ctrl-C twice.
+    """
     from .flows import default_flow, load_flow
     from .start import StartArgs, run_start
     from .terminal import Terminal

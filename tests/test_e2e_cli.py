@@ -135,3 +135,22 @@ def test_new_archives_lineage_and_starts_a_fresh_session(model_server, flower_en
     assert json.loads((archive / "lineage.json").read_text())["steps"]["only"] == old
     assert (archive / "需求.md").exists() and not (f.ws / "需求.md").exists()
     assert (f.runs / "sessions.db").stat().st_size >= db, "sessions.db is never touched by --new"
+
+
+@pytest.mark.timeout(90)  # one flower run with a real tool call
+def test_no_key_in_any_file_and_the_run_dir_is_owner_only(model_server, flower_env):
+    import stat
+
+    secret = "sk-ant-secret-" + "7" * 24
+    server = model_server({"conversations": [{"name": "two", "match": {"marker": "[[first]]"}, "turns": [
+        {"tool_use": {"name": "Bash", "input": {"command": "echo done", "description": "x"}}}, {"text": "first done."},
+    ]}, {"name": "second", "match": {"marker": "[[second]]"}, "turns": [{"text": "second done."}]}]})
+    f: Flower = flower_env(server, extra_env={"ANTHROPIC_API_KEY": secret})
+    code, out = f.run(flow="tests.flows.basic:two")
+    assert code == 0, out
+    leaked = [p for p in [*f.runs.rglob("*"), *(f.ws / ".flower").rglob("*")]
+              if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaked, leaked
+    for p in f.runs.rglob("*"):
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode & 0o077 == 0, f"{p} is {oct(mode)}"
