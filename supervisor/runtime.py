@@ -114,7 +114,8 @@ class SupervisedRuntime(Runtime):
         try:
             if not child.send(start):
                 child.stop()
-                return None, f"could not hand the step to child {child.pid} (prompt too large or child gone)"
+                status = await self._reap(child)
+                return None, f"could not hand the step to child {child.pid} ({describe_status(status)} before reading it)"
             async for item in child.messages():
                 if isinstance(item, ProtocolError):
                     problem = f"protocol error from step child: {item}"

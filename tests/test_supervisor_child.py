@@ -73,14 +73,28 @@ def test_an_oversized_line_is_a_failed_attempt(tmp_path, monkeypatch):
 
 
 def test_a_child_that_exits_without_a_result(tmp_path, monkeypatch):
-    with_child(monkeypatch, lambda setup: 3)
+    def quit_after_start(setup) -> int:
+        os.read(setup.read_fd, 1 << 16)  # take the step, then leave without a word
+        return 3
+
+    with_child(monkeypatch, quit_after_start)
     result = run(runtime(tmp_path))
     assert not result.ok and result.attempts == 2
     assert all("died without a result (exited with status 3)" in e for e in result.errors), result.errors
 
 
+def test_a_child_that_dies_before_taking_the_step(tmp_path, monkeypatch):
+    with_child(monkeypatch, lambda setup: 3)
+    result = run(runtime(tmp_path))
+    assert not result.ok and result.attempts == 2
+    # Either the start message could not be written, or it was and nobody answered.
+    for e in result.errors:
+        assert "exited with status 3" in e, result.errors
+
+
 def test_a_child_killed_by_a_signal(tmp_path, monkeypatch):
     def die(setup) -> int:
+        os.read(setup.read_fd, 1 << 16)
         os.kill(os.getpid(), signal.SIGKILL)
         return 0
 
