@@ -14,7 +14,6 @@ or EOF on the parent's pipe all end in killing every descendant.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import signal
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 from flower.core import loop as step_loop
 from flower.core.fsutil import open_private
-from flower.core.result import Event
+from flower.core.result import Event, jsonable
 from flower.core.runtime import Runtime
 from ipc import (
     Answer,
@@ -172,12 +171,12 @@ class _Child:
         fields = result.to_dict()
         if len(fields["text"].encode("utf-8")) > MAX_TEXT_BYTES:  # keep the line under the pipe's bound
             fields["text"] = fields["text"].encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore") + "\n[…截断]"
-        self.send(Result(fields=_jsonable(fields)))
+        self.send(Result(fields=jsonable(fields)))
         await rt.close_deferred()  # the supervisor waits for our exit before resuming this session
         return 0
 
     def on_event(self, event: Event) -> None:
-        self.send(EventMsg(kind=event.kind, step=event.step, payload=_jsonable(event.payload)))
+        self.send(EventMsg(kind=event.kind, step=event.step, payload=jsonable(event.payload)))
 
 
 async def _serve(setup: ChildSetup) -> int:
@@ -195,16 +194,3 @@ async def _serve(setup: ChildSetup) -> int:
         child.send(Failure(kind=type(exc).__name__, message=str(exc)[:2000], retryable=True, cause=cause))
         return 1
 
-
-def _jsonable(value: Any) -> Any:
-    """A strict JSON value (what the protocol accepts): tuples become lists, keys strings,
-    non-finite floats null, anything else its text."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    return str(value)

@@ -48,10 +48,10 @@ class SupervisedRuntime(Runtime):
         super().__init__(**kw)
         self.children: dict[int, ChildHandle] = {}
         self.in_flight: StepResult | None = None
+        self.current: ChildHandle | None = None  # the child whose result is awaited
         self.ask_person: AskPerson | None = None
         self._reapers: set[asyncio.Task[int]] = set()
         self._closing: dict[str, asyncio.Task[int]] = {}  # session id -> its child's reaper
-        self.dying = False
 
     # -- one step through children ----------------------------------------------------
 
@@ -108,6 +108,7 @@ class SupervisedRuntime(Runtime):
             # flushing its last entries: resume only once they are all in sessions.db.
             await asyncio.shield(self._closing[start.resume])
         child = self._spawn(spec, start.label)
+        self.current = child
         self.note(attempt=res.attempts + 1)
         out: StepResult | None = None
         problem = ""
@@ -124,24 +125,29 @@ class SupervisedRuntime(Runtime):
                 got = await self._dispatch(child, item, res, on_event)
                 if isinstance(got, StepResult):
                     out = got
-                    break  # the child sends its result after the SDK has flushed and closed
+                    break  # the child now closes its CLI and exits; see _reap_later
                 if isinstance(got, str):
                     problem = got
         except BaseException:
             self._retire(child)
             raise
+        finally:
+            self.current = None
         if out is not None:
-            # The flow goes on at once; the child finishes exiting in the background.
-            task = asyncio.get_running_loop().create_task(self._reap(child))
-            self._reapers.add(task)
-            task.add_done_callback(self._reapers.discard)
-            if out.session_id:
-                sid = out.session_id
-                self._closing[sid] = task
-                task.add_done_callback(lambda _t, sid=sid: self._closing.pop(sid, None) if self._closing.get(sid) is _t else None)
+            self._reap_later(child, out.session_id)
             return out, ""
         status = await self._reap(child)
         return None, problem or f"step child {child.pid} died without a result ({describe_status(status)})"
+
+    def _reap_later(self, child: ChildHandle, session_id: str | None) -> None:
+        """The flow goes on at once while the child shuts its CLI down and exits; until it
+        has, its session counts as closing (see the wait at the top of _one_child)."""
+        task = asyncio.get_running_loop().create_task(self._reap(child))
+        self._reapers.add(task)
+        task.add_done_callback(self._reapers.discard)
+        if session_id:
+            self._closing[session_id] = task
+            task.add_done_callback(lambda t: self._closing.pop(session_id, None) if self._closing.get(session_id) is t else None)
 
     async def _reap(self, child: ChildHandle) -> int:
         try:
@@ -197,15 +203,15 @@ class SupervisedRuntime(Runtime):
     # -- what the supervisor's signal handlers need -----------------------------------
 
     async def interrupt_child(self) -> bool:
-        """Ctrl-C once: ask the in-flight child to stop at a message boundary."""
-        sent = False
-        for child in list(self.children.values()):
-            sent = child.send(Interrupt(text=None)) or sent
-        return sent
+        """Ctrl-C once: ask the in-flight child to stop at a message boundary.
+
+        Only that child: one that already reported and is shutting its CLI down has
+        nothing left to interrupt."""
+        return self.current is not None and self.current.send(Interrupt(text=None))
 
     def answer_interrupt(self, text: str | None) -> None:
-        for child in list(self.children.values()):
-            child.send(Answer(id="interrupt", state="answered" if text is not None else "closed", text=text))
+        if self.current is not None:
+            self.current.send(Answer(id="interrupt", state="answered" if text is not None else "closed", text=text))
 
     def rescue(self) -> StepResult | None:
         """SIGTERM/SIGHUP: write the in-flight step as ``killed-by-signal`` (exactly once)."""

@@ -111,7 +111,7 @@ class SignalDesk:
             loop.add_signal_handler(sig, self.on_fatal, sig)
 
     def on_sigint(self) -> None:
-        if self.interrupting or not self.rt.children:
+        if self.interrupting or self.rt.current is None:
             self.exit_now()  # does not return
             return
         self.interrupting = True
@@ -135,7 +135,6 @@ class SignalDesk:
 
     def on_fatal(self, sig: int) -> None:
         """SIGTERM / SIGHUP: rescue the in-flight row, stop children, die of the signal."""
-        self.rt.dying = True
         try:
             self.rt.rescue()
             self.rt.stop_children()

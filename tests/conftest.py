@@ -11,22 +11,10 @@ import pytest
 
 from flower.testing.model_server import ModelServer
 
+# Fixtures for users' tests and ours alike, made available to every test module by name.
+from flower.testing.pytest_helpers import claude_home, model_server, reaper  # noqa: F401
+
 from .e2e import Flower
-
-
-@pytest.fixture
-def model_server(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], ModelServer]]:
-    """Start scripted model servers (stopped at teardown): ``model_server(script)``."""
-    started: list[ModelServer] = []
-
-    def make(script: dict[str, Any]) -> ModelServer:
-        server = ModelServer(script, log_path=tmp_path / f"requests-{len(started)}.jsonl").start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 @pytest.fixture

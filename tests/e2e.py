@@ -121,12 +121,6 @@ class Flower:
 
     # -- processes --------------------------------------------------------------------
 
-    def children_of(self, pid: int) -> list[psutil.Process]:
-        try:
-            return psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            return []
-
     def step_child(self, sup_pid: int) -> psutil.Process | None:
         """The supervisor's step child (a direct child that is a python process)."""
         try:
@@ -177,6 +171,3 @@ def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
         proc.wait(timeout=30)
     return proc.returncode
 
-
-def request_texts(req: Any) -> list[str]:
-    return req.texts()

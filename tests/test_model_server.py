@@ -23,14 +23,11 @@ import pytest
 from flower._errors import ConfigError
 from flower.testing import ModelServer, Script, claude_path, cli_env
 from flower.testing.model_server import main
-from flower.testing.pytest_helpers import (  # fixtures are used by name below
+from flower.testing.pytest_helpers import (  # the fixtures come by name from conftest
     Reaper,
-    claude_home,  # noqa: F401
     make_claude_home,
-    model_server,  # noqa: F401
     pids_alive,
     read_transcript,
-    reaper,  # noqa: F401
     run_claude,
 )
 

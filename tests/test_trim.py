@@ -24,15 +24,7 @@ from flower.stores.trim import (
     turn_ages,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
-KEY = {"project_key": "-tmp-proj", "session_id": "s1"}
-OFF_E = EphemeralPolicy(enabled=False)
-OFF_T = TrimPolicy(enabled=False)
-
-
-def fixture(name: str) -> list[dict[str, Any]]:
-    lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+from .transcripts import KEY, OFF_E, OFF_T, fixture
 
 
 def store_with(tmp_path: Path, entries: list[dict[str, Any]], **kw: Any) -> TrimmingSessionStore:

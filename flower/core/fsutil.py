@@ -44,14 +44,6 @@ def private_dir(path: str | Path) -> Path:
     return p
 
 
-def touch_private(path: str | Path) -> Path:
-    """Create ``path`` as an empty 0600 file if it does not exist yet."""
-    p = Path(path)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
-    os.close(fd)
-    return p
-
-
 def open_private(path: str | Path, flags: int) -> int:
     """``os.open`` that creates files 0600 whatever the umask says."""
     fd = os.open(path, flags, FILE_MODE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -44,6 +45,21 @@ class StepResult:
 
 
 STEP_RESULT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepResult))
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as a strict JSON value: tuples and sets become lists, keys strings,
+    non-finite floats null, anything else its text. What crosses the pipe to the
+    supervisor and what is kept of a step in the run record both go through this."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
 
 
 @dataclass

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from ..core.agent import AgentSpec
-from ..core.result import Event, StepResult
+from ..core.result import Event, StepResult, jsonable
 from .resume import (
     PriorRun,
     input_hash,
     prior_run,
     refuse_live_conflict,
     registry_lock,
-    to_jsonable,
 )
 
 if TYPE_CHECKING:
@@ -256,7 +255,7 @@ class _Run:
         rec = self.rt.record
         if rec is None:
             return
-        rec.completed[step.name] = {"hash": digest, "result": result.to_dict(), "value": to_jsonable(value)}
+        rec.completed[step.name] = {"hash": digest, "result": result.to_dict(), "value": jsonable(value)}
         self.rt.note()
 
     def _emit(self, event: Event) -> None:

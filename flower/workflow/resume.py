@@ -64,15 +64,6 @@ def prior_run(run_dir: Path, flow: str, workspace: Path, *, exclude: str) -> Pri
     return PriorRun(run=last.run, state=last.state, completed=dict(last.completed), in_flight=in_flight)
 
 
-def to_jsonable(value: Any) -> Any:
-    """A ctx value as it can be stored in the run record (non-JSON values become text)."""
-    try:
-        json.dumps(value, ensure_ascii=False)
-        return value
-    except (TypeError, ValueError):
-        return str(value)
-
-
 def refuse_live_conflict(run_dir: Path, steps: list[str], *, exclude: str) -> None:
     """Refuse to start when a live flower here would continue one of our steps' sessions.
 
