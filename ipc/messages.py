@@ -48,8 +48,15 @@ _TYPE_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 
 def json_type(value: Any) -> str:
     """The JSON name of a value's type, for error reasons."""
-    names = {type(None): "null", bool: "boolean", int: "integer", float: "number",
-             str: "string", list: "array", dict: "object"}
+    names = {
+        type(None): "null",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }
     return names.get(type(value), type(value).__name__)
 
 

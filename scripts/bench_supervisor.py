@@ -32,28 +32,50 @@ sys.path.insert(0, str(REPO))
 from flower.testing.cli_env import claude_path, cli_env  # noqa: E402
 from flower.testing.model_server import ModelServer  # noqa: E402
 
-FLOW_SRC = '''
+FLOW_SRC = """
 import os
 from flower.core.agent import AgentSpec
 from flower.workflow import Step, Workflow
 spec = AgentSpec(name="bench", instructions="answer briefly", allowed_tools=[])
 N = int(os.environ["BENCH_STEPS"])
 flow = Workflow([Step(f"s{i}", spec, f"[[bench]] step {i}") for i in range(N)], name="bench", continuous=False)
-'''
+"""
 
 
 def bare_turn(env: dict[str, str], cwd: Path, i: int) -> float:
     t0 = time.perf_counter()
-    subprocess.run([str(claude_path()), "-p", f"[[bench]] bare {i}"], env=env, cwd=cwd,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(
+        [str(claude_path()), "-p", f"[[bench]] bare {i}"],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
     return time.perf_counter() - t0
 
 
 def flower_steps(env: dict[str, str], root: Path, n: int, r: int) -> list[float]:
     runs = root / f"runs-{r}"
-    subprocess.run([sys.executable, "-m", "supervisor", "start", "--flow", str(root / "bench_flow.py") + ":flow",
-                    "-w", str(root / "ws"), "-r", str(runs)], env={**env, "BENCH_STEPS": str(n)}, cwd=root,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "supervisor",
+            "start",
+            "--flow",
+            str(root / "bench_flow.py") + ":flow",
+            "-w",
+            str(root / "ws"),
+            "-r",
+            str(runs),
+        ],
+        env={**env, "BENCH_STEPS": str(n)},
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
     rows = json.loads((runs / "manifest.json").read_text())
     starts = [row["started_at"] for row in rows]
     return [b - a for a, b in zip(starts, starts[1:], strict=False)]
@@ -68,7 +90,9 @@ def sdk_import() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=8, help="steps per flower run (gives steps-1 samples)")
+    ap.add_argument(
+        "--steps", type=int, default=8, help="steps per flower run (gives steps-1 samples)"
+    )
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="flower-bench-"))
     (root / "ws").mkdir()

@@ -153,7 +153,9 @@ class _Child:
         start: Start = await self.started
         rt = self.rt
         rt.record = None  # only the supervisor writes the registry, lineage and manifest
-        rt.on_session = lambda sid: self.send(Session(label=start.label, step=start.step, session_id=sid))
+        rt.on_session = lambda sid: self.send(
+            Session(label=start.label, step=start.step, session_id=sid)
+        )
         rt.defer_closing()  # report the result first, then let the CLI shut down
         self.task = asyncio.get_running_loop().create_task(
             step_loop.execute(
@@ -169,8 +171,13 @@ class _Child:
         )
         result = await self.task
         fields = result.to_dict()
-        if len(fields["text"].encode("utf-8")) > MAX_TEXT_BYTES:  # keep the line under the pipe's bound
-            fields["text"] = fields["text"].encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore") + "\n[…截断]"
+        if (
+            len(fields["text"].encode("utf-8")) > MAX_TEXT_BYTES
+        ):  # keep the line under the pipe's bound
+            fields["text"] = (
+                fields["text"].encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore")
+                + "\n[…截断]"
+            )
         self.send(Result(fields=jsonable(fields)))
         await rt.close_deferred()  # the supervisor waits for our exit before resuming this session
         return 0
@@ -186,11 +193,16 @@ async def _serve(setup: ChildSetup) -> int:
     try:
         return await child.run()
     except asyncio.CancelledError:
-        child.send(Failure(kind="shutdown", message="stopped by the supervisor", retryable=False, cause=None))
+        child.send(
+            Failure(
+                kind="shutdown", message="stopped by the supervisor", retryable=False, cause=None
+            )
+        )
         return 1
     except Exception as exc:  # noqa: BLE001 - reported over the pipe as an explicit frame
         cause = "".join(traceback.format_exception(exc))[-4000:]
         traceback.print_exc()
-        child.send(Failure(kind=type(exc).__name__, message=str(exc)[:2000], retryable=True, cause=cause))
+        child.send(
+            Failure(kind=type(exc).__name__, message=str(exc)[:2000], retryable=True, cause=cause)
+        )
         return 1
-

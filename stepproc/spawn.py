@@ -111,7 +111,9 @@ class ChildHandle:
                 pass
 
 
-def spawn(runtime: Any, spec: Any, log_path: Path, *, close_fds: tuple[int, ...] = ()) -> ChildHandle:
+def spawn(
+    runtime: Any, spec: Any, log_path: Path, *, close_fds: tuple[int, ...] = ()
+) -> ChildHandle:
     """Fork a step child running ``spec`` with ``runtime``'s policies; it waits for ``start``."""
     p2c_r, p2c_w = os.pipe()
     c2p_r, c2p_w = os.pipe()
@@ -122,7 +124,9 @@ def spawn(runtime: Any, spec: Any, log_path: Path, *, close_fds: tuple[int, ...]
     if pid == 0:  # the child: never return into the supervisor's stack
         code = 70
         try:
-            setup = ChildSetup(runtime, spec, p2c_r, c2p_w, log_path, parent, close_fds=(p2c_w, c2p_r, *close_fds))
+            setup = ChildSetup(
+                runtime, spec, p2c_r, c2p_w, log_path, parent, close_fds=(p2c_w, c2p_r, *close_fds)
+            )
             code = child_main(setup)
         except BaseException:  # noqa: BLE001 - report to the per-step log, then exit
             traceback.print_exc()
@@ -136,7 +140,9 @@ def spawn(runtime: Any, spec: Any, log_path: Path, *, close_fds: tuple[int, ...]
         os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
     except (PermissionError, ProcessLookupError):
         pass
-    return ChildHandle(pid=pid, read_fd=c2p_r, write_fd=p2c_w, log_path=log_path, writer=LineWriter(p2c_w))
+    return ChildHandle(
+        pid=pid, read_fd=c2p_r, write_fd=p2c_w, log_path=log_path, writer=LineWriter(p2c_w)
+    )
 
 
 def describe_status(status: int) -> str:

@@ -28,12 +28,40 @@ def main() -> None:
 
 @main.command()
 @click.argument("ask", required=False, default="")
-@click.option("--flow", "flow_ref", metavar="FILE.py:ATTR|MODULE:ATTR", help="the Workflow to run (default: one working step doing ASK)")
-@click.option("-r", "--run-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True, help=RUN_DIR_HELP)
-@click.option("-w", "--workspace", type=click.Path(file_okay=False, path_type=Path), default=None, help="the directory the agents work in (default: the current directory)")
-@click.option("--new", is_flag=True, help="do not continue last time: archive lineage.json, 需求.md, 目标.md and start a new thing")
-@click.option("--no-trim", is_flag=True, help="do not trim large old tool results when resuming (trimming is on by default here)")
-def start(ask: str, flow_ref: str | None, run_dir: Path, workspace: Path | None, new: bool, no_trim: bool) -> None:
+@click.option(
+    "--flow",
+    "flow_ref",
+    metavar="FILE.py:ATTR|MODULE:ATTR",
+    help="the Workflow to run (default: one working step doing ASK)",
+)
+@click.option(
+    "-r",
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help=RUN_DIR_HELP,
+)
+@click.option(
+    "-w",
+    "--workspace",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="the directory the agents work in (default: the current directory)",
+)
+@click.option(
+    "--new",
+    is_flag=True,
+    help="do not continue last time: archive lineage.json, 需求.md, 目标.md and start a new thing",
+)
+@click.option(
+    "--no-trim",
+    is_flag=True,
+    help="do not trim large old tool results when resuming (trimming is on by default here)",
+)
+def start(
+    ask: str, flow_ref: str | None, run_dir: Path, workspace: Path | None, new: bool, no_trim: bool
+) -> None:
     """Start (or carry on) a flow. ASK is what you want done; nothing = carry on.
 
     \b
@@ -59,7 +87,9 @@ def start(ask: str, flow_ref: str | None, run_dir: Path, workspace: Path | None,
     ws = (workspace or Path.cwd()).expanduser()
     try:
         if not ws.is_dir():
-            raise FlowerError(f"workspace {ws} is not a directory", hint="create it first or pass -w DIR")
+            raise FlowerError(
+                f"workspace {ws} is not a directory", hint="create it first or pass -w DIR"
+            )
         wf = load_flow(flow_ref, ask) if flow_ref else default_flow(ask)
         args = StartArgs(
             ask=ask,
@@ -86,7 +116,14 @@ def _resume_command(flow_ref: str | None, run_dir: Path, workspace: Path | None)
 
 
 @main.command()
-@click.option("-r", "--run-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True, help=RUN_DIR_HELP)
+@click.option(
+    "-r",
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help=RUN_DIR_HELP,
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
 def status(run_dir: Path, as_json: bool) -> None:
     """Every flower that ran in RUN_DIR: live or dead, state, step, session, last rows.
@@ -109,9 +146,23 @@ def status(run_dir: Path, as_json: bool) -> None:
 
 
 @main.command("model-server")
-@click.option("--script", "script_path", required=True, type=click.Path(dir_okay=False, exists=True), help="JSON script of turns")
-@click.option("--port", type=int, default=0, show_default=True, help="port on 127.0.0.1 (0 = any free port)")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="append every request as a JSON line here")
+@click.option(
+    "--script",
+    "script_path",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="JSON script of turns",
+)
+@click.option(
+    "--port", type=int, default=0, show_default=True, help="port on 127.0.0.1 (0 = any free port)"
+)
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="append every request as a JSON line here",
+)
 def model_server(script_path: str, port: int, log_path: str | None) -> None:
     """Serve the Anthropic Messages API on loopback from a script (for tests and demos)."""
     from flower.testing.model_server import main as serve

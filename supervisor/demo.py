@@ -28,18 +28,46 @@ STEP_TIMEOUT = 60.0
 def demo_script(ws: Path) -> dict[str, Any]:
     return {
         "conversations": [
-            {"name": "research", "match": {"marker": "[[demo:research]]"}, "turns": [
-                {"tool_use": {"name": "Bash", "input": {"command": "echo 'flower 演示' > notes.txt && ls", "description": "look around"}}},
-                {"text": "调研完成:工作区里现在有 notes.txt。"},
-            ]},
-            {"name": "write", "match": {"marker": "[[demo:write]]"}, "turns": [
-                {"tool_use": {"name": "Write", "input": {"file_path": str(ws / "draft.md"), "content": "# 草稿\n\nflower 接着上次那段对话往下说。\n"}}},
-                # The model "thinks" for a long time here, once: the demo kills the supervisor now.
-                {"text": "草稿写好了:draft.md。", "delay": STEP_TIMEOUT, "times": 1},
-            ]},
-            {"name": "wrap", "match": {"marker": "[[demo:wrap]]"}, "turns": [
-                {"text": "收尾:notes.txt 和 draft.md 都在,三步做完。"},
-            ]},
+            {
+                "name": "research",
+                "match": {"marker": "[[demo:research]]"},
+                "turns": [
+                    {
+                        "tool_use": {
+                            "name": "Bash",
+                            "input": {
+                                "command": "echo 'flower 演示' > notes.txt && ls",
+                                "description": "look around",
+                            },
+                        }
+                    },
+                    {"text": "调研完成:工作区里现在有 notes.txt。"},
+                ],
+            },
+            {
+                "name": "write",
+                "match": {"marker": "[[demo:write]]"},
+                "turns": [
+                    {
+                        "tool_use": {
+                            "name": "Write",
+                            "input": {
+                                "file_path": str(ws / "draft.md"),
+                                "content": "# 草稿\n\nflower 接着上次那段对话往下说。\n",
+                            },
+                        }
+                    },
+                    # The model "thinks" for a long time here, once: the demo kills the supervisor now.
+                    {"text": "草稿写好了:draft.md。", "delay": STEP_TIMEOUT, "times": 1},
+                ],
+            },
+            {
+                "name": "wrap",
+                "match": {"marker": "[[demo:wrap]]"},
+                "turns": [
+                    {"text": "收尾:notes.txt 和 draft.md 都在,三步做完。"},
+                ],
+            },
         ],
         "default": [{"text": "(demo) 好的。"}],
     }
@@ -54,18 +82,40 @@ def run_demo(*, keep: bool = False) -> int:
     ws.mkdir()
     server = ModelServer(demo_script(ws), log_path=root / "requests.jsonl").start()
     env = {**cli_env(root / "home", server.url, max_retries=0), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "supervisor", "start", "--flow", "supervisor.demo_flow:flow", "-w", str(ws), "-r", str(runs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "start",
+        "--flow",
+        "supervisor.demo_flow:flow",
+        "-w",
+        str(ws),
+        "-r",
+        str(runs),
+    ]
     say = _Narrator()
     try:
         say.title(f"临时工作区 {ws},脚本化的模型服务器 {server.url}(不联网、不要 key)")
         killed_at = _first_run(cmd, env, root, server, say)
         say.title("再跑一次同一条命令:")
-        code = _stream(subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), say)
+        code = _stream(
+            subprocess.Popen(
+                cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            ),
+            say,
+        )
         if code != 0:
             raise FlowerError(f"the resumed run exited with {code}", hint=f"see {runs}/logs")
         _show_resume_facts(server, say, killed_at)
         say.title("flower-super status:")
-        out = subprocess.run([sys.executable, "-m", "supervisor", "status", "-r", str(runs)], env=env, cwd=root, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "supervisor", "status", "-r", str(runs)],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
         say.block(out.stdout)
         return 0
     finally:
@@ -81,15 +131,23 @@ def run_demo(*, keep: bool = False) -> int:
 def _first_run(cmd: list[str], env: dict[str, str], root: Path, server: Any, say: _Narrator) -> int:
     """Run until 写稿 waits on the model, SIGKILL the supervisor; return the last request seq."""
     say.title("第一次跑:调研 → 写稿 → 收尾")
-    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     pump = threading.Thread(target=_stream, args=(proc, say), daemon=True)
     pump.start()
     # Wait until 写稿 has run its Write tool and the model is "thinking" on the next turn.
     try:
-        server.wait_for(lambda reqs: any(r.conversation == "write" and r.turn == 1 for r in reqs), timeout=STEP_TIMEOUT)
+        server.wait_for(
+            lambda reqs: any(r.conversation == "write" and r.turn == 1 for r in reqs),
+            timeout=STEP_TIMEOUT,
+        )
     except TimeoutError:
         proc.kill()
-        raise FlowerError("the demo flow never reached the step it kills", hint="run with --keep and read runs/logs") from None
+        raise FlowerError(
+            "the demo flow never reached the step it kills",
+            hint="run with --keep and read runs/logs",
+        ) from None
     _wait_persisted(root / "runs", "写稿")
     family = _family(proc.pid)
     say.title(f"kill -9 {proc.pid}(supervisor,正在等模型回话;它的子进程:{len(family)} 个)")
@@ -112,8 +170,14 @@ def _show_resume_facts(server: Any, say: _Narrator, killed_at: int) -> None:
     say.line(f"   第二次跑,调研 发给模型的请求:{len(research_again)} 个(上次做完了,输入没变,复用)")
     say.line(f"   写稿 前后两次跑的请求共用 {len(sessions)} 条会话:{', '.join(sessions)}")
     if resumed is not None:
-        kinds = [b.get("type") for m in resumed.messages for b in (m.get("content") if isinstance(m.get("content"), list) else [])]
-        say.line(f"   第二次跑 写稿 的第一个请求带着之前的 {kinds.count('tool_use')} 次工具调用和它的结果,模型接着说")
+        kinds = [
+            b.get("type")
+            for m in resumed.messages
+            for b in (m.get("content") if isinstance(m.get("content"), list) else [])
+        ]
+        say.line(
+            f"   第二次跑 写稿 的第一个请求带着之前的 {kinds.count('tool_use')} 次工具调用和它的结果,模型接着说"
+        )
 
 
 def _wait_persisted(runs: Path, step: str, timeout: float = 10.0) -> None:

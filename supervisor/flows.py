@@ -50,17 +50,23 @@ def load_flow(ref: str, ask: str = "") -> Workflow:
             f"--flow {ref!r} is not FILE.py:ATTR or MODULE:ATTR",
             hint="for example --flow flows/review.py:flow or --flow mypkg.flows:review",
         )
-    module = _import_file(target) if target.endswith(".py") or "/" in target else _import_module(target)
+    module = (
+        _import_file(target) if target.endswith(".py") or "/" in target else _import_module(target)
+    )
     if not hasattr(module, attr):
         names = ", ".join(n for n, v in vars(module).items() if isinstance(v, Workflow)) or "none"
-        raise ConfigError(f"{target} has no attribute {attr!r}", hint=f"Workflows defined there: {names}")
+        raise ConfigError(
+            f"{target} has no attribute {attr!r}", hint=f"Workflows defined there: {names}"
+        )
     return _as_workflow(getattr(module, attr), ref, ask)
 
 
 def _import_file(path_text: str) -> Any:
     path = Path(path_text).expanduser()
     if not path.is_file():
-        raise ConfigError(f"flow file not found: {path}", hint="give a path relative to the current directory")
+        raise ConfigError(
+            f"flow file not found: {path}", hint="give a path relative to the current directory"
+        )
     name = f"flower_user_flow_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -83,12 +89,19 @@ def _run_user_code(fn: Any, where: str) -> Any:
         return fn()
     except ModuleNotFoundError as exc:
         if exc.name and where.startswith(exc.name):
-            raise ConfigError(f"no module named {exc.name!r}", hint="run from the directory that holds it, or give FILE.py:ATTR") from None
-        raise ConfigError(f"importing {where} failed: {exc}", hint=_where_in_user_code(exc)) from None
+            raise ConfigError(
+                f"no module named {exc.name!r}",
+                hint="run from the directory that holds it, or give FILE.py:ATTR",
+            ) from None
+        raise ConfigError(
+            f"importing {where} failed: {exc}", hint=_where_in_user_code(exc)
+        ) from None
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's module raised: one line, with its location
-        raise ConfigError(f"importing {where} failed: {type(exc).__name__}: {exc}", hint=_where_in_user_code(exc)) from None
+        raise ConfigError(
+            f"importing {where} failed: {type(exc).__name__}: {exc}", hint=_where_in_user_code(exc)
+        ) from None
 
 
 def _where_in_user_code(exc: BaseException) -> str:
@@ -108,5 +121,10 @@ def _as_workflow(obj: Any, ref: str, ask: str) -> Workflow:
         made = _run_user_code(lambda: obj(ask) if params else obj(), ref)
         if isinstance(made, Workflow):
             return made
-        raise ConfigError(f"{ref} returned {type(made).__name__}, not a Workflow", hint="return flower.Workflow([...])")
-    raise ConfigError(f"{ref} is a {type(obj).__name__}, not a Workflow", hint="point --flow at a flower.Workflow")
+        raise ConfigError(
+            f"{ref} returned {type(made).__name__}, not a Workflow",
+            hint="return flower.Workflow([...])",
+        )
+    raise ConfigError(
+        f"{ref} is a {type(obj).__name__}, not a Workflow", hint="point --flow at a flower.Workflow"
+    )

@@ -68,8 +68,16 @@ class SupervisedRuntime(Runtime):
     ) -> StepResult:
         res = StepResult(step=label, session_id=resume, started_at=time.time(), attempts=0)
         self.in_flight = res
-        start = Start(label=label, step=label.split("#")[0], prompt=prompt, spec=spec.name,
-                      resume=resume, fork=fork, resume_at=resume_at, attempt=1)
+        start = Start(
+            label=label,
+            step=label.split("#")[0],
+            prompt=prompt,
+            spec=spec.name,
+            resume=resume,
+            fork=fork,
+            resume_at=resume_at,
+            attempt=1,
+        )
         try:
             await self._children_until_result(spec, start, res, on_event)
         finally:
@@ -77,7 +85,9 @@ class SupervisedRuntime(Runtime):
         res.ended_at = time.time()
         return res
 
-    async def _children_until_result(self, spec: AgentSpec, start: Start, res: StepResult, on_event: OnEvent | None) -> None:
+    async def _children_until_result(
+        self, spec: AgentSpec, start: Start, res: StepResult, on_event: OnEvent | None
+    ) -> None:
         deaths = 0
         while True:
             out, death = await self._one_child(spec, start, res, on_event)
@@ -92,12 +102,31 @@ class SupervisedRuntime(Runtime):
                 return
             delay = self.resilience.delay_for(deaths)
             if on_event:
-                on_event(Event("retry", start.label, {"attempt": res.attempts, "delay": round(delay, 1), "kind": "child-died", "error": death}))
+                on_event(
+                    Event(
+                        "retry",
+                        start.label,
+                        {
+                            "attempt": res.attempts,
+                            "delay": round(delay, 1),
+                            "kind": "child-died",
+                            "error": death,
+                        },
+                    )
+                )
             await asyncio.sleep(delay)
             if res.session_id:
                 res.resumed = True
-                start = Start(label=start.label, step=start.step, prompt=self.resilience.resume_prompt, spec=start.spec,
-                              resume=res.session_id, fork=False, resume_at=None, attempt=res.attempts + 1)
+                start = Start(
+                    label=start.label,
+                    step=start.step,
+                    prompt=self.resilience.resume_prompt,
+                    spec=start.spec,
+                    resume=res.session_id,
+                    fork=False,
+                    resume_at=None,
+                    attempt=res.attempts + 1,
+                )
 
     async def _one_child(
         self, spec: AgentSpec, start: Start, res: StepResult, on_event: OnEvent | None
@@ -116,7 +145,10 @@ class SupervisedRuntime(Runtime):
             if not child.send(start):
                 child.stop()
                 status = await self._reap(child)
-                return None, f"could not hand the step to child {child.pid} ({describe_status(status)} before reading it)"
+                return (
+                    None,
+                    f"could not hand the step to child {child.pid} ({describe_status(status)} before reading it)",
+                )
             async for item in child.messages():
                 if isinstance(item, ProtocolError):
                     problem = f"protocol error from step child: {item}"
@@ -137,7 +169,10 @@ class SupervisedRuntime(Runtime):
             self._reap_later(child, out.session_id)
             return out, ""
         status = await self._reap(child)
-        return None, problem or f"step child {child.pid} died without a result ({describe_status(status)})"
+        return (
+            None,
+            problem or f"step child {child.pid} died without a result ({describe_status(status)})",
+        )
 
     def _reap_later(self, child: ChildHandle, session_id: str | None) -> None:
         """The flow goes on at once while the child shuts its CLI down and exits; until it
@@ -147,7 +182,13 @@ class SupervisedRuntime(Runtime):
         task.add_done_callback(self._reapers.discard)
         if session_id:
             self._closing[session_id] = task
-            task.add_done_callback(lambda t: self._closing.pop(session_id, None) if self._closing.get(session_id) is t else None)
+            task.add_done_callback(
+                lambda t: (
+                    self._closing.pop(session_id, None)
+                    if self._closing.get(session_id) is t
+                    else None
+                )
+            )
 
     async def _reap(self, child: ChildHandle) -> int:
         try:
@@ -164,7 +205,9 @@ class SupervisedRuntime(Runtime):
         self._forget(child)
         self._sweep(child)
 
-    async def _dispatch(self, child: ChildHandle, item: Any, res: StepResult, on_event: OnEvent | None) -> Any:
+    async def _dispatch(
+        self, child: ChildHandle, item: Any, res: StepResult, on_event: OnEvent | None
+    ) -> Any:
         if isinstance(item, Session):
             res.session_id = item.session_id
             self._session_seen(item.session_id)
@@ -173,7 +216,9 @@ class SupervisedRuntime(Runtime):
                 on_event(Event(item.kind, item.step, dict(item.payload)))
         elif isinstance(item, Ask):
             text = await self.ask_person(item) if self.ask_person else None
-            child.send(Answer(id=item.id, state="answered" if text is not None else "closed", text=text))
+            child.send(
+                Answer(id=item.id, state="answered" if text is not None else "closed", text=text)
+            )
         elif isinstance(item, Result):
             return StepResult.from_dict(item.fields)
         elif isinstance(item, Failure):
@@ -211,7 +256,11 @@ class SupervisedRuntime(Runtime):
 
     def answer_interrupt(self, text: str | None) -> None:
         if self.current is not None:
-            self.current.send(Answer(id="interrupt", state="answered" if text is not None else "closed", text=text))
+            self.current.send(
+                Answer(
+                    id="interrupt", state="answered" if text is not None else "closed", text=text
+                )
+            )
 
     def rescue(self) -> StepResult | None:
         """SIGTERM/SIGHUP: write the in-flight step as ``killed-by-signal`` (exactly once)."""

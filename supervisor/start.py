@@ -48,7 +48,9 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
     import claude_agent_sdk  # noqa: F401 - imported once here so forked children never pay it
 
     become_subreaper()
-    rt = SupervisedRuntime(workspace=args.workspace, run_dir=args.run_dir, trim=args.trim, workbench=True)
+    rt = SupervisedRuntime(
+        workspace=args.workspace, run_dir=args.run_dir, trim=args.trim, workbench=True
+    )
     rt.ask_person = term.ask
     if args.new:
         _archive(rt, term)
@@ -71,8 +73,13 @@ async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Term
     desk.install()
     await _wait_for_endpoint(rt, term)
     try:
-        ctx = await wf.run(rt, on_event=term.on_event, on_step=lambda s, r: term.step_done(r),
-                           command=args.command, new=args.new)
+        ctx = await wf.run(
+            rt,
+            on_event=term.on_event,
+            on_step=lambda s, r: term.step_done(r),
+            command=args.command,
+            new=args.new,
+        )
     finally:
         await rt.drain()
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
@@ -90,11 +97,15 @@ async def _wait_for_endpoint(rt: SupervisedRuntime, term: Terminal) -> None:
         return
     host, port = res.endpoint()
     base = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
-    term.say(f"flower-super: cannot reach {host}:{port} ({base}); waiting for it, probing every "
-             f"{res.probe_interval:g} s for up to {res.max_offline_wait / 60:g} min (Ctrl-C to stop)")
+    term.say(
+        f"flower-super: cannot reach {host}:{port} ({base}); waiting for it, probing every "
+        f"{res.probe_interval:g} s for up to {res.max_offline_wait / 60:g} min (Ctrl-C to stop)"
+    )
     if not await res.wait_online():
-        raise FlowerError(f"{host}:{port} did not answer for {res.max_offline_wait / 60:g} min",
-                          hint="check the network, or ANTHROPIC_BASE_URL if you use a gateway")
+        raise FlowerError(
+            f"{host}:{port} did not answer for {res.max_offline_wait / 60:g} min",
+            hint="check the network, or ANTHROPIC_BASE_URL if you use a gateway",
+        )
 
 
 class SignalDesk:
@@ -120,7 +131,9 @@ class SignalDesk:
     async def _interrupt(self) -> None:
         await self.rt.interrupt_child()
         self.term.say("")
-        said = await self.term.read_line("打断了。想说点什么就打一句,回车 = 直接接着做(再按一次 Ctrl-C 退出)\n> ")
+        said = await self.term.read_line(
+            "打断了。想说点什么就打一句,回车 = 直接接着做(再按一次 Ctrl-C 退出)\n> "
+        )
         self.interrupting = False
         self.rt.answer_interrupt(said or "")
 

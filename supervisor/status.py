@@ -85,12 +85,22 @@ class Report:
 def collect(run_dir: Path) -> Report:
     run_dir = run_dir.expanduser().absolute()
     if not run_dir.is_dir():
-        raise FlowerError(f"no run directory at {run_dir}", hint="run from the directory you started flower in, or pass -r DIR")
+        raise FlowerError(
+            f"no run directory at {run_dir}",
+            hint="run from the directory you started flower in, or pass -r DIR",
+        )
     lineage = peek(run_dir)
     records = Registry(run_dir).records()
     views = [_view(r, records) for r in records]
     rows = read_manifest(run_dir)[-LAST_ROWS:]
-    return Report(run_dir, lineage.get("workspace"), int(lineage.get("woke") or 0), dict(lineage.get("steps") or {}), views, rows)
+    return Report(
+        run_dir,
+        lineage.get("workspace"),
+        int(lineage.get("woke") or 0),
+        dict(lineage.get("steps") or {}),
+        views,
+        rows,
+    )
 
 
 def _view(r: FlowerRecord, everyone: list[FlowerRecord]) -> FlowerView:
@@ -113,7 +123,11 @@ def _state(r: FlowerRecord, alive: bool) -> str:
 def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
     """A later run of the same flow here finished, or is carrying it on right now."""
     for other in everyone:
-        if other.flow != r.flow or other.workspace != r.workspace or other.started_at <= r.started_at:
+        if (
+            other.flow != r.flow
+            or other.workspace != r.workspace
+            or other.started_at <= r.started_at
+        ):
             continue
         if other.state == FINISHED or other.alive:
             return True
@@ -129,7 +143,11 @@ def _elapsed(r: FlowerRecord, alive: bool) -> float:
 
 
 def render_text(rep: Report) -> str:
-    lines = [f"run_dir    {rep.run_dir}", f"workspace  {rep.workspace or '-'}", f"woke       {rep.woke}"]
+    lines = [
+        f"run_dir    {rep.run_dir}",
+        f"workspace  {rep.workspace or '-'}",
+        f"woke       {rep.woke}",
+    ]
     for name, sid in rep.steps.items():
         lines.append(f"step       {name} -> {sid}")
     lines.append("")
@@ -153,7 +171,9 @@ def _flower_lines(f: FlowerView) -> list[str]:
     detail = f"      step {r.step or '-'}  session {r.session_id or '-'}  attempt {r.attempt}  woke {r.woke}  elapsed {_dur(_elapsed(r, f.alive))}"
     out = [head, detail]
     if f.resume_command:
-        out.append(f"      resume: cd {shlex.quote(r.cwd or '.')} && {shlex.join(f.resume_command)}")
+        out.append(
+            f"      resume: cd {shlex.quote(r.cwd or '.')} && {shlex.join(f.resume_command)}"
+        )
     return out
 
 

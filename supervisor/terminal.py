@@ -67,19 +67,27 @@ class Terminal:
     def _ev_retry(self, ev: Event) -> None:
         p = ev.payload
         if p.get("kind") == "child-died":
-            self.say(f"  … 步骤子进程意外退出,{p.get('delay', 0)} 秒后换一个子进程接着同一条会话(第 {p.get('attempt')} 次失败)")
+            self.say(
+                f"  … 步骤子进程意外退出,{p.get('delay', 0)} 秒后换一个子进程接着同一条会话(第 {p.get('attempt')} 次失败)"
+            )
         else:
-            self.say(f"  … API 暂时不可用:网络通了再等 {p.get('delay', 0)} 秒,在同一条会话上接着做(第 {p.get('attempt')} 次失败)")
+            self.say(
+                f"  … API 暂时不可用:网络通了再等 {p.get('delay', 0)} 秒,在同一条会话上接着做(第 {p.get('attempt')} 次失败)"
+            )
 
     def _ev_offline(self, ev: Event) -> None:
         p = ev.payload
-        self.say(f"  … 连不上 API,等网络恢复(已等 {p.get('elapsed', 0)} 秒,每 {p.get('interval', 0):g} 秒探一次;Ctrl-C 可以打断)")
+        self.say(
+            f"  … 连不上 API,等网络恢复(已等 {p.get('elapsed', 0)} 秒,每 {p.get('interval', 0):g} 秒探一次;Ctrl-C 可以打断)"
+        )
 
     def _ev_handoff(self, ev: Event) -> None:
         p = ev.payload
         phase = p.get("phase")
         if phase == "near":
-            self.say(f"  … 上下文 {kilo(int(p.get('used', 0)))} / {kilo(int(p.get('window', 0)))},快满了")
+            self.say(
+                f"  … 上下文 {kilo(int(p.get('used', 0)))} / {kilo(int(p.get('window', 0)))},快满了"
+            )
         elif phase == "writing":
             self.say("  … 上下文满了,正在写交接书,换一条新会话接手")
         elif phase == "done":
@@ -92,7 +100,9 @@ class Terminal:
             return  # the step line already said so; its old cost was not spent again
         mark = "✓" if result.ok else "✗"
         extra = f"  {result.error}" if result.error else ""
-        self.say(f"   {mark} {result.step}  {result.duration_s:.1f}s · ${result.cost_usd:.4f}{extra}")
+        self.say(
+            f"   {mark} {result.step}  {result.duration_s:.1f}s · ${result.cost_usd:.4f}{extra}"
+        )
 
     # -- asking -----------------------------------------------------------------------
 
@@ -142,4 +152,4 @@ class Terminal:
 
 def _home(path: str) -> str:
     home = os.path.expanduser("~")
-    return "~" + path[len(home):] if home != "/" and path.startswith(home) else path
+    return "~" + path[len(home) :] if home != "/" and path.startswith(home) else path

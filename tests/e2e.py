@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 TAG = "FLOWER_TEST_TAG"
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02
+) -> Any:
     """Poll ``predicate`` until truthy; fail the test with ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -58,7 +60,14 @@ def tagged(tag: str) -> list[psutil.Process]:
 class Flower:
     """One workspace + run_dir + CLI home, and the flower-super processes run in it."""
 
-    def __init__(self, root: Path, server: ModelServer, *, max_retries: int = 0, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        server: ModelServer,
+        *,
+        max_retries: int = 0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.ws = root / "ws"
         self.runs = root / "runs"
@@ -75,14 +84,21 @@ class Flower:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "supervisor", *args]
 
-    def start(self, *args: str, flow: str | None = None, stdin: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    def start(
+        self, *args: str, flow: str | None = None, stdin: Any = subprocess.DEVNULL
+    ) -> subprocess.Popen[bytes]:
         """``flower-super start`` in the background (its own session, like a shell job)."""
         cmd = self.argv("start", *args, "-w", str(self.ws), "-r", str(self.runs))
         if flow:
             cmd += ["--flow", flow]
         proc = subprocess.Popen(
-            cmd, cwd=self.root, env=self.env, stdin=stdin,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            cmd,
+            cwd=self.root,
+            env=self.env,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.procs.append(proc)
         return proc
@@ -93,9 +109,16 @@ class Flower:
         return proc.returncode, out.decode("utf-8", "replace")
 
     def status(self, *extra: str, timeout: float = 30) -> tuple[int, str]:
-        done = subprocess.run(self.argv("status", "-r", str(self.runs), *extra), cwd=self.root, env=self.env,
-                              capture_output=True, timeout=timeout)
-        return done.returncode, done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
+        done = subprocess.run(
+            self.argv("status", "-r", str(self.runs), *extra),
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            timeout=timeout,
+        )
+        return done.returncode, done.stdout.decode("utf-8", "replace") + done.stderr.decode(
+            "utf-8", "replace"
+        )
 
     def status_json(self) -> tuple[int, dict[str, Any]]:
         code, out = self.status("--json")
@@ -127,7 +150,9 @@ class Flower:
             kids = psutil.Process(sup_pid).children()
         except psutil.Error:
             return None
-        return next((k for k in kids if "python" in (k.name() or "") or k.name().startswith("flower")), None)
+        return next(
+            (k for k in kids if "python" in (k.name() or "") or k.name().startswith("flower")), None
+        )
 
     def survivors(self) -> list[psutil.Process]:
         return tagged(self.tag)
@@ -170,4 +195,3 @@ def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
     except ValueError:
         proc.wait(timeout=30)
     return proc.returncode
-

@@ -17,23 +17,48 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.timeout(90)  # one flower run with a real tool call
 def test_a_stray_print_in_the_child_does_not_break_the_step(model_server, flower_env):
-    server = model_server({"conversations": [{"name": "noisy", "match": {"marker": "[[noisy]]"}, "turns": [
-        {"tool_use": {"name": "Bash", "input": {"command": "echo hi", "description": "x"}}},
-        {"text": "noisy done."},
-    ]}]})
+    server = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "noisy",
+                    "match": {"marker": "[[noisy]]"},
+                    "turns": [
+                        {
+                            "tool_use": {
+                                "name": "Bash",
+                                "input": {"command": "echo hi", "description": "x"},
+                            }
+                        },
+                        {"text": "noisy done."},
+                    ],
+                }
+            ]
+        }
+    )
     f: Flower = flower_env(server)
     code, out = f.run(flow="tests.flows.basic:noisy")
     assert code == 0, out
     assert "STRAY PRINT" not in out, "the child's stdout leaked onto the supervisor's terminal"
     logs = list((f.runs / "logs").rglob("noisy.log"))
-    assert logs and "STRAY PRINT FROM A HOOK" in logs[0].read_text() and "stray stderr line" in logs[0].read_text()
+    assert (
+        logs
+        and "STRAY PRINT FROM A HOOK" in logs[0].read_text()
+        and "stray stderr line" in logs[0].read_text()
+    )
     assert oct(logs[0].stat().st_mode & 0o777) == "0o600"
     assert [r["ok"] for r in f.rows("noisy")] == [True]
 
 
 def _super(args, env, cwd, timeout=60):
-    return subprocess.run([sys.executable, "-m", "supervisor", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.timeout(60)
@@ -42,20 +67,31 @@ def test_a_missing_key_is_one_line(tmp_path):
     env.update(HOME=str(tmp_path), PYTHONPATH=str(REPO))
     done = _super(["start", "do something", "-r", str(tmp_path / "runs")], env, tmp_path)
     assert done.returncode == 2
-    assert done.stderr.startswith("flower-super: no Anthropic credentials") and "Traceback" not in done.stderr
+    assert (
+        done.stderr.startswith("flower-super: no Anthropic credentials")
+        and "Traceback" not in done.stderr
+    )
     assert "hint:" in done.stderr
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("ref, message", [
-    ("nope.py:flow", "flow file not found"),
-    ("tests.flows.basic:missing", "has no attribute 'missing'"),
-    ("no_such_module_xyz:flow", "no module named"),
-    ("justtext", "is not FILE.py:ATTR or MODULE:ATTR"),
-    ("tests.flows.basic:hands", "not a Workflow"),
-])
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        ("nope.py:flow", "flow file not found"),
+        ("tests.flows.basic:missing", "has no attribute 'missing'"),
+        ("no_such_module_xyz:flow", "no module named"),
+        ("justtext", "is not FILE.py:ATTR or MODULE:ATTR"),
+        ("tests.flows.basic:hands", "not a Workflow"),
+    ],
+)
 def test_a_bad_flow_reference_is_one_line(tmp_path, ref, message):
-    env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "ANTHROPIC_API_KEY": "sk-test",
+        "PYTHONPATH": str(REPO),
+        "HOME": str(tmp_path),
+    }
     done = _super(["start", "--flow", ref, "-r", str(tmp_path / "runs")], env, REPO)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
@@ -68,11 +104,33 @@ def test_an_unreachable_endpoint_is_one_line_and_it_waits(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test", "PYTHONPATH": str(REPO), "HOME": str(tmp_path),
-           "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "start", "do it", "-r", str(tmp_path / "runs"),
-                             "-w", str(tmp_path)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "ANTHROPIC_API_KEY": "sk-test",
+        "PYTHONPATH": str(REPO),
+        "HOME": str(tmp_path),
+        "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "supervisor",
+            "start",
+            "do it",
+            "-r",
+            str(tmp_path / "runs"),
+            "-w",
+            str(tmp_path),
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = proc.stdout.readline()
         assert f"127.0.0.1:{port}" in line and "Traceback" not in line, line
@@ -89,16 +147,33 @@ def test_in_process_workflow_continues_the_same_session(model_server, tmp_path, 
     from flower import AgentSpec, Runtime, Step, Workflow
     from flower.testing.cli_env import cli_env
 
-    server = model_server({"conversations": [{"name": "w", "match": {"marker": "[[word]]"}, "turns": [
-        {"tool_use": {"name": "Read", "input": {"file_path": str(tmp_path / "seed.txt")}}},
-        {"text": "flower"},
-        {"text": "still flower"},
-    ]}]})
+    server = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "w",
+                    "match": {"marker": "[[word]]"},
+                    "turns": [
+                        {
+                            "tool_use": {
+                                "name": "Read",
+                                "input": {"file_path": str(tmp_path / "seed.txt")},
+                            }
+                        },
+                        {"text": "flower"},
+                        {"text": "still flower"},
+                    ],
+                }
+            ]
+        }
+    )
     (tmp_path / "seed.txt").write_text("flower\n")
     for k, v in cli_env(tmp_path / "home", server.url).items():
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(tmp_path)
-    terse = AgentSpec(name="terse", instructions="回答极简", allowed_tools=["Read", "Glob"], max_turns=4)
+    terse = AgentSpec(
+        name="terse", instructions="回答极简", allowed_tools=["Read", "Glob"], max_turns=4
+    )
 
     async def main() -> dict:
         wf = Workflow([Step("取词", terse, "[[word]] 读 seed.txt,只回文件里那个词。")])
@@ -113,13 +188,24 @@ def test_in_process_workflow_continues_the_same_session(model_server, tmp_path, 
     assert (first["_woke"], second["_woke"]) == (1, 2)
     assert second["_sessions"]["取词"] == first["_sessions"]["取词"]
     assert first["取词"] == "flower" and second["取词"] == "still flower"
-    assert {r.session_id for r in server.requests if r.conversation == "w"} == {first["_sessions"]["取词"]}
+    assert {r.session_id for r in server.requests if r.conversation == "w"} == {
+        first["_sessions"]["取词"]
+    }
 
 
 @pytest.mark.timeout(90)  # two flower runs of a real CLI turn
 def test_new_archives_lineage_and_starts_a_fresh_session(model_server, flower_env):
-    server = model_server({"conversations": [{"name": "only", "match": {"marker": "[[only]]"},
-                                              "turns": [{"text": "one."}, {"text": "two."}]}]})
+    server = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "only",
+                    "match": {"marker": "[[only]]"},
+                    "turns": [{"text": "one."}, {"text": "two."}],
+                }
+            ]
+        }
+    )
     f: Flower = flower_env(server)
     (f.ws / "需求.md").write_text("# 需求\n")
     code, out = f.run(flow="tests.flows.basic:one")
@@ -142,14 +228,38 @@ def test_no_key_in_any_file_and_the_run_dir_is_owner_only(model_server, flower_e
     import stat
 
     secret = "sk-ant-secret-" + "7" * 24
-    server = model_server({"conversations": [{"name": "two", "match": {"marker": "[[first]]"}, "turns": [
-        {"tool_use": {"name": "Bash", "input": {"command": "echo done", "description": "x"}}}, {"text": "first done."},
-    ]}, {"name": "second", "match": {"marker": "[[second]]"}, "turns": [{"text": "second done."}]}]})
+    server = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "two",
+                    "match": {"marker": "[[first]]"},
+                    "turns": [
+                        {
+                            "tool_use": {
+                                "name": "Bash",
+                                "input": {"command": "echo done", "description": "x"},
+                            }
+                        },
+                        {"text": "first done."},
+                    ],
+                },
+                {
+                    "name": "second",
+                    "match": {"marker": "[[second]]"},
+                    "turns": [{"text": "second done."}],
+                },
+            ]
+        }
+    )
     f: Flower = flower_env(server, extra_env={"ANTHROPIC_API_KEY": secret})
     code, out = f.run(flow="tests.flows.basic:two")
     assert code == 0, out
-    leaked = [p for p in [*f.runs.rglob("*"), *(f.ws / ".flower").rglob("*")]
-              if p.is_file() and secret.encode() in p.read_bytes()]
+    leaked = [
+        p
+        for p in [*f.runs.rglob("*"), *(f.ws / ".flower").rglob("*")]
+        if p.is_file() and secret.encode() in p.read_bytes()
+    ]
     assert not leaked, leaked
     for p in f.runs.rglob("*"):
         mode = stat.S_IMODE(p.stat().st_mode)

@@ -31,8 +31,14 @@ class Pty:
         self.master, slave = pty.openpty()
         cmd = f.argv("start", "--flow", FLOW, "-w", str(f.ws), "-r", str(f.runs))
         self.proc = subprocess.Popen(
-            cmd, cwd=f.root, env=f.env, stdin=slave, stdout=slave, stderr=slave,
-            preexec_fn=_controlling_tty, close_fds=True,
+            cmd,
+            cwd=f.root,
+            env=f.env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            preexec_fn=_controlling_tty,
+            close_fds=True,
         )
         f.procs.append(self.proc)
         os.close(slave)
@@ -89,10 +95,16 @@ def test_ctrl_c_once_then_a_sentence_reaches_the_same_session(model_server, flow
         assert term.wait() == 0, term.pump()
     finally:
         term.close()
-    asked = [r for r in server.requests if r.conversation == "only" and any(SENTENCE in t for t in r.texts())]
+    asked = [
+        r
+        for r in server.requests
+        if r.conversation == "only" and any(SENTENCE in t for t in r.texts())
+    ]
     assert asked, "the sentence typed after Ctrl-C never reached the model"
     first = next(r for r in server.requests if r.conversation == "only")
-    assert {r.session_id for r in asked} == {first.session_id}, "the interrupt did not resume the same session"
+    assert {r.session_id for r in asked} == {first.session_id}, (
+        "the interrupt did not resume the same session"
+    )
     (row,) = f.rows("only")
     assert row["ok"] and row["attempts"] == 1 and row["session_id"] == first.session_id, row
     f.assert_no_survivors()
@@ -105,7 +117,9 @@ def test_ctrl_c_twice_exits_and_the_next_start_resumes(model_server, flower_env)
     term = Pty(f)
     try:
         # Wait for the second turn: by then the session id is known and in lineage.json.
-        server.wait_for(lambda reqs: any(r.conversation == "only" and r.turn == 1 for r in reqs), timeout=60)
+        server.wait_for(
+            lambda reqs: any(r.conversation == "only" and r.turn == 1 for r in reqs), timeout=60
+        )
         term.type(b"\x03")
         term.expect("打断了")
         term.type(b"\x03")

@@ -32,16 +32,25 @@ def bash(command: str) -> dict:
 
 
 def waiting_on(server, conversation: str, turn: int) -> None:
-    server.wait_for(lambda reqs: any(r.conversation == conversation and r.turn == turn for r in reqs), timeout=60)
+    server.wait_for(
+        lambda reqs: any(r.conversation == conversation and r.turn == turn for r in reqs),
+        timeout=60,
+    )
 
 
 def no_api_error_sent(server) -> None:
     for req in server.requests:
-        assert not any("API Error" in t for t in req.texts()), f"request {req.seq} fed an API error back"
+        assert not any("API Error" in t for t in req.texts()), (
+            f"request {req.seq} fed an API error back"
+        )
 
 
 def test_kill9_supervisor_waiting_on_model(model_server, flower_env):
-    server = model_server(script([bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]))
+    server = model_server(
+        script(
+            [bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]
+        )
+    )
     f: Flower = flower_env(server)
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 1)
@@ -54,12 +63,23 @@ def test_kill9_supervisor_waiting_on_model(model_server, flower_env):
     code, out = f.run(flow=FLOW)
     assert code == 0, out
     after = [r for r in server.requests if r.seq > killed_at]
-    assert not [r for r in after if r.conversation == "first"], "a finished step was sent to the model again"
+    assert not [r for r in after if r.conversation == "first"], (
+        "a finished step was sent to the model again"
+    )
     resumed = [r for r in after if r.conversation == "second"]
     assert resumed and {r.session_id for r in resumed} == {before["second"]}
-    kinds = [b.get("type") for m in resumed[0].messages for b in m["content"] if isinstance(m["content"], list)]
-    assert "tool_use" in kinds and "tool_result" in kinds, "the earlier turns were not sent on resume"
-    assert (f.ws / "counter.txt").read_text().splitlines() == ["ran"], "a completed tool call ran again"
+    kinds = [
+        b.get("type")
+        for m in resumed[0].messages
+        for b in m["content"]
+        if isinstance(m["content"], list)
+    ]
+    assert "tool_use" in kinds and "tool_result" in kinds, (
+        "the earlier turns were not sent on resume"
+    )
+    assert (f.ws / "counter.txt").read_text().splitlines() == ["ran"], (
+        "a completed tool call ran again"
+    )
     assert f.lineage()["steps"]["second"] == before["second"]
     assert [r["ok"] for r in f.rows("second")] == [True]
     no_api_error_sent(server)
@@ -67,7 +87,9 @@ def test_kill9_supervisor_waiting_on_model(model_server, flower_env):
 
 
 def test_kill9_supervisor_during_tool_call(model_server, flower_env):
-    slow = "python3 -c \"import pathlib,time; pathlib.Path('tool.started').touch(); time.sleep(300)\""
+    slow = (
+        "python3 -c \"import pathlib,time; pathlib.Path('tool.started').touch(); time.sleep(300)\""
+    )
     server = model_server(script([bash(slow), {"text": "second done."}]))
     f: Flower = flower_env(server)
     proc = f.start(flow=FLOW)
@@ -81,8 +103,16 @@ def test_kill9_supervisor_during_tool_call(model_server, flower_env):
     assert code == 0, out
     after = [r for r in server.requests if r.seq > killed_at and r.conversation == "second"]
     assert after and {r.session_id for r in after} == {sid}
-    assert not [r for r in server.requests if r.answer == "rejected"], "a tool_use without tool_result was sent"
-    results = [b for m in after[0].messages if isinstance(m["content"], list) for b in m["content"] if b.get("type") == "tool_result"]
+    assert not [r for r in server.requests if r.answer == "rejected"], (
+        "a tool_use without tool_result was sent"
+    )
+    results = [
+        b
+        for m in after[0].messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
     assert results, "the interrupted tool call has no tool_result on resume"
     no_api_error_sent(server)
 
@@ -93,7 +123,9 @@ def test_kill9_before_session_known(model_server, flower_env):
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 0)
     doomed = next(r.session_id for r in server.requests if r.conversation == "second")
-    assert "second" not in f.lineage()["steps"], "lineage knew the session before any assistant message"
+    assert "second" not in f.lineage()["steps"], (
+        "lineage knew the session before any assistant message"
+    )
     killed_at = max(r.seq for r in server.requests)
     kill(proc)
     f.assert_no_survivors(within=5.0)
@@ -109,7 +141,11 @@ def test_kill9_before_session_known(model_server, flower_env):
 
 
 def test_kill9_step_child_is_resumed_in_a_new_child(model_server, flower_env):
-    server = model_server(script([bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]))
+    server = model_server(
+        script(
+            [bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]
+        )
+    )
     f: Flower = flower_env(server)
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 1)
@@ -129,7 +165,11 @@ def test_kill9_step_child_is_resumed_in_a_new_child(model_server, flower_env):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_term_and_hup_write_one_killed_row_and_die_of_it(model_server, flower_env, sig):
-    server = model_server(script([bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]))
+    server = model_server(
+        script(
+            [bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]
+        )
+    )
     f: Flower = flower_env(server)
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 1)

@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # several real CLI run
 def marked(*names: str, **extra) -> dict:
     return {
         "conversations": [
-            {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done.", **extra}]} for n in names
+            {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done.", **extra}]}
+            for n in names
         ]
     }
 
@@ -24,7 +25,9 @@ def test_three_flows_at_once_share_one_run_dir(model_server, flower_env):
     server = model_server(marked("alpha", "beta", "gamma", delay=1.0))
     f: Flower = flower_env(server)
     procs = [f.start(flow=f"tests.flows.basic:{n}") for n in ("alpha", "beta", "gamma")]
-    server.wait_for(lambda reqs: len({r.conversation for r in reqs if r.conversation}) == 3, timeout=60)
+    server.wait_for(
+        lambda reqs: len({r.conversation for r in reqs if r.conversation}) == 3, timeout=60
+    )
     outs = [p.communicate(timeout=90)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     rows = f.manifest()
@@ -59,7 +62,12 @@ def test_status_live_killed_and_finished(model_server, flower_env):
     code, js = f.status_json()
     assert code == 0
     (live,) = js["flowers"]
-    assert live["alive"] and live["state"] == "running" and live["pid"] == proc.pid and live["step"] == "only"
+    assert (
+        live["alive"]
+        and live["state"] == "running"
+        and live["pid"] == proc.pid
+        and live["step"] == "only"
+    )
     assert js["run_dir"] == str(f.runs) and js["workspace"] == str(f.ws)
     code, text = f.status()
     assert code == 0 and "live" in text and "running" in text
@@ -83,14 +91,20 @@ def test_status_live_killed_and_finished(model_server, flower_env):
     assert states == ["interrupted-resumable", "finished"]
     assert js["woke"] == 2 and js["steps"]["only"] == js["rows"][-1]["session_id"]
     assert set(js) == {"run_dir", "workspace", "woke", "steps", "flowers", "rows"}
-    assert {"run", "flow", "pid", "alive", "state", "step", "session_id", "started_at"} <= set(js["flowers"][0])
+    assert {"run", "flow", "pid", "alive", "state", "step", "session_id", "started_at"} <= set(
+        js["flowers"][0]
+    )
 
 
 def test_status_of_a_missing_run_dir_is_one_line(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "supervisor", "status", "-r", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "status", "-r", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 2
     assert "no run directory" in done.stderr and "Traceback" not in done.stderr

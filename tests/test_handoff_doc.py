@@ -224,7 +224,9 @@ def test_round_trip_through_markdown() -> None:
 _BODY = st.text(alphabet="甲乙丙丁戊己庚辛壬癸 ,。0123456789\n", max_size=80).map(str.strip)
 
 
-@given(_BODY, _BODY, _BODY, _BODY, _BODY, st.text(alphabet="干活取词ab#", max_size=8).map(str.strip))
+@given(
+    _BODY, _BODY, _BODY, _BODY, _BODY, st.text(alphabet="干活取词ab#", max_size=8).map(str.strip)
+)
 def test_round_trip_property(
     doing: str, decided: str, deadends: str, nxt: str, scene: str, step: str
 ) -> None:

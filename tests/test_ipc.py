@@ -43,8 +43,14 @@ from ipc import (
 
 SAMPLES: list[Message] = [
     Start(
-        label="plan#retry1", step="plan", prompt="写一个计划\nsecond line\u2028", spec="planner",
-        resume="sid-1", fork=True, resume_at="uuid-9", attempt=2,
+        label="plan#retry1",
+        step="plan",
+        prompt="写一个计划\nsecond line\u2028",
+        spec="planner",
+        resume="sid-1",
+        fork=True,
+        resume_at="uuid-9",
+        attempt=2,
         options={"model": "m", "max_turns": 30, "nested": {"a": [1, 2.5, None, True, "é"]}},
     ),
     Start("build", "build", "go", "coder"),
@@ -78,8 +84,16 @@ def test_every_message_round_trips(msg: Message) -> None:
 def test_every_wire_type_has_a_sample() -> None:
     assert {m.TYPE for m in SAMPLES} == set(ipc.MESSAGE_TYPES)
     assert set(ipc.MESSAGE_TYPES) == {
-        "start", "interrupt", "answer", "shutdown",
-        "hello", "session", "event", "ask", "result", "failure",
+        "start",
+        "interrupt",
+        "answer",
+        "shutdown",
+        "hello",
+        "session",
+        "event",
+        "ask",
+        "result",
+        "failure",
     }
 
 
@@ -90,8 +104,16 @@ def test_line_layout_is_versioned_compact_utf8() -> None:
 
 
 def test_result_carries_a_step_result() -> None:
-    original = StepResult(step="s", session_id="x", ok=True, cost_usd=0.5, num_turns=3,
-                          text="t" * 1000, errors=["e"], context=12345)
+    original = StepResult(
+        step="s",
+        session_id="x",
+        ok=True,
+        cost_usd=0.5,
+        num_turns=3,
+        text="t" * 1000,
+        errors=["e"],
+        context=12345,
+    )
     decoded = decode(encode(Result(original.to_dict())))
     assert isinstance(decoded, Result)
     assert StepResult.from_dict(decoded.fields) == original
@@ -124,44 +146,80 @@ MALFORMED: list[tuple[str, bytes | str, str]] = [
     ("missing type", _line(v=1, pid=1), "missing message 'type'"),
     ("type not str", _line(v=1, type=3), "'type' must be a string, got integer"),
     ("unknown type", _line(v=1, type="launch"), "unknown message type 'launch'"),
-    ("missing field", _line(v=1, type="session", label="a", step="b"),
-     "session: missing field 'session_id'"),
+    (
+        "missing field",
+        _line(v=1, type="session", label="a", step="b"),
+        "session: missing field 'session_id'",
+    ),
     ("extra field", _line(**HELLO, ppid=2), "hello: unexpected field 'ppid'"),
     ("str as int", _line(**{**HELLO, "pid": "1"}), "'pid' must be an integer, got string"),
     ("bool as int", _line(**{**HELLO, "pid": True}), "'pid' must be an integer, got boolean"),
     ("float as int", _line(**{**HELLO, "pid": 1.5}), "'pid' must be an integer, got number"),
     ("int as str", _line(v=1, type="shutdown", reason=3), "'reason' must be a string, got integer"),
-    ("null as str", _line(v=1, type="shutdown", reason=None),
-     "'reason' must be a string, got null"),
-    ("int as bool", _line(v=1, type="failure", kind="k", message="m", retryable=1, cause=None),
-     "'retryable' must be true or false"),
-    ("list with int", _line(v=1, type="ask", id="q", question="?", options=["a", 1], kind="k"),
-     "'options' must be a list of strings"),
-    ("list as dict", _line(v=1, type="event", kind="k", step="s", payload=[]),
-     "'payload' must be a JSON object, got array"),
-    ("bad answer state", _line(v=1, type="answer", id="q", state="maybe", text=None),
-     "'state' must be one of answered, closed, timeout"),
-    ("result without step", _line(v=1, type="result", fields={"ok": True}),
-     "fields must hold a string 'step'"),
-    ("result step not str", _line(v=1, type="result", fields={"step": 1}),
-     "fields must hold a string 'step'"),
+    (
+        "null as str",
+        _line(v=1, type="shutdown", reason=None),
+        "'reason' must be a string, got null",
+    ),
+    (
+        "int as bool",
+        _line(v=1, type="failure", kind="k", message="m", retryable=1, cause=None),
+        "'retryable' must be true or false",
+    ),
+    (
+        "list with int",
+        _line(v=1, type="ask", id="q", question="?", options=["a", 1], kind="k"),
+        "'options' must be a list of strings",
+    ),
+    (
+        "list as dict",
+        _line(v=1, type="event", kind="k", step="s", payload=[]),
+        "'payload' must be a JSON object, got array",
+    ),
+    (
+        "bad answer state",
+        _line(v=1, type="answer", id="q", state="maybe", text=None),
+        "'state' must be one of answered, closed, timeout",
+    ),
+    (
+        "result without step",
+        _line(v=1, type="result", fields={"ok": True}),
+        "fields must hold a string 'step'",
+    ),
+    (
+        "result step not str",
+        _line(v=1, type="result", fields={"step": 1}),
+        "fields must hold a string 'step'",
+    ),
     ("duplicate key", b'{"v":1,"type":"hello","pid":1,"pid":2}', "duplicate key 'pid'"),
-    ("NaN", b'{"v":1,"type":"event","kind":"k","step":"s","payload":{"x":NaN}}',
-     "NaN is not a JSON number"),
+    (
+        "NaN",
+        b'{"v":1,"type":"event","kind":"k","step":"s","payload":{"x":NaN}}',
+        "NaN is not a JSON number",
+    ),
     ("Infinity", b'{"v":1,"type":"hello","pid":Infinity}', "Infinity is not a JSON number"),
     ("invalid utf-8", b'{"v":1,"type":"shutdown","reason":"\xff\xfe"}', "invalid UTF-8 at byte 35"),
     ("utf-8 bom", b'\xef\xbb\xbf{"v":1,"type":"hello","pid":1}', "bad JSON"),
     ("escaped lone surrogate", b'{"v":1,"type":"shutdown","reason":"\\udc80"}', "lone surrogate"),
     ("str with lone surrogate", '{"v":1,"type":"shutdown","reason":"\udc80"}', "lone surrogate"),
     ("too deep", b"[" * 100_000, "nested too deeply"),
-    ("too deep in a field", b'{"v":1,"type":"event","kind":"k","step":"s","payload":{"a":'
-     + b"[" * 80 + b"]" * 80 + b"}}", "nested deeper than 64"),
+    (
+        "too deep in a field",
+        b'{"v":1,"type":"event","kind":"k","step":"s","payload":{"a":'
+        + b"[" * 80
+        + b"]" * 80
+        + b"}}",
+        "nested deeper than 64",
+    ),
     ("huge integer", b'{"v":1,"type":"hello","pid":' + b"9" * 5000 + b"}", "number too long"),
 ]
 
 
-@pytest.mark.parametrize(("line", "reason"), [(line, r) for _, line, r in MALFORMED],
-                         ids=[name for name, _, _ in MALFORMED])
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [(line, r) for _, line, r in MALFORMED],
+    ids=[name for name, _, _ in MALFORMED],
+)
 def test_malformed_lines_give_a_protocol_error_with_a_reason(
     line: bytes | str, reason: str
 ) -> None:
@@ -370,7 +428,8 @@ sys.exit(3)
 
 
 def test_parent_and_child_talk_over_pipes_with_lines_bigger_than_the_pipe(
-    pipe: Callable[[], tuple[int, int]], spawn: Callable[..., subprocess.Popen[bytes]],
+    pipe: Callable[[], tuple[int, int]],
+    spawn: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     to_child_r, to_child_w = pipe()
     from_child_r, from_child_w = pipe()
@@ -405,7 +464,8 @@ sys.exit(0)
 
 
 def test_writer_killed_mid_line_gives_a_truncated_line_error(
-    pipe: Callable[[], tuple[int, int]], spawn: Callable[..., subprocess.Popen[bytes]],
+    pipe: Callable[[], tuple[int, int]],
+    spawn: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     r, w = pipe()
     child = spawn(BIG_WRITER_CHILD, w)
@@ -429,7 +489,8 @@ os.read(int(sys.argv[1]), 10)
 
 
 def test_send_raises_broken_pipe_when_the_reader_is_gone(
-    pipe: Callable[[], tuple[int, int]], spawn: Callable[..., subprocess.Popen[bytes]],
+    pipe: Callable[[], tuple[int, int]],
+    spawn: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     r, w = pipe()
     child = spawn(SHORT_READER_CHILD, r)  # reads 10 bytes, exits: the read end closes
@@ -444,7 +505,8 @@ def test_send_raises_broken_pipe_when_the_reader_is_gone(
 
 
 def test_send_on_a_non_blocking_fd_waits_for_the_reader(
-    pipe: Callable[[], tuple[int, int]], monkeypatch: pytest.MonkeyPatch,
+    pipe: Callable[[], tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     r, w = pipe()
     os.set_blocking(w, False)
@@ -467,7 +529,8 @@ def test_send_on_a_non_blocking_fd_waits_for_the_reader(
 
 
 def test_read_messages_waits_on_a_non_blocking_fd(
-    pipe: Callable[[], tuple[int, int]], monkeypatch: pytest.MonkeyPatch,
+    pipe: Callable[[], tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     r, w = pipe()
     os.set_blocking(r, False)

@@ -31,8 +31,11 @@ pytestmark = pytest.mark.timeout(30)
 FUZZ = settings(max_examples=150, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
 
 json_scalars = (
-    st.none() | st.booleans() | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
 )
 json_values = st.recursive(
     json_scalars,
@@ -68,8 +71,9 @@ def message_strategy(cls: type[Message]) -> st.SearchStrategy[Message]:
     if cls is Answer:
         kwargs["state"] = st.sampled_from(sorted(ANSWER_STATES))
     if cls is Result:
-        kwargs["fields"] = st.builds(lambda step, rest: {**rest, "step": step},
-                                     st.text(max_size=10), json_objects)
+        kwargs["fields"] = st.builds(
+            lambda step, rest: {**rest, "step": step}, st.text(max_size=10), json_objects
+        )
     return st.builds(cls, **kwargs)
 
 
@@ -114,8 +118,11 @@ def test_decode_of_any_text_is_a_message_or_protocol_error(text: str) -> None:
 
 
 @FUZZ
-@given(st.binary(max_size=3000), st.lists(st.integers(min_value=0), max_size=20),
-       st.sampled_from([16, 100, 1 << 20]))
+@given(
+    st.binary(max_size=3000),
+    st.lists(st.integers(min_value=0), max_size=20),
+    st.sampled_from([16, 100, 1 << 20]),
+)
 def test_reader_of_any_bytes_yields_only_messages_and_errors(
     data: bytes, cuts: list[int], bound: int
 ) -> None:
@@ -131,9 +138,7 @@ def test_every_valid_message_round_trips(msg: Message) -> None:
 
 @FUZZ
 @given(st.lists(messages, max_size=8), st.lists(st.integers(min_value=0), max_size=30))
-def test_chunk_boundaries_do_not_change_the_messages(
-    msgs: list[Message], cuts: list[int]
-) -> None:
+def test_chunk_boundaries_do_not_change_the_messages(msgs: list[Message], cuts: list[int]) -> None:
     stream = b"".join(encode(m) for m in msgs)
     assert read_all(split(stream, cuts)) == msgs
     assert read_all([bytes([b]) for b in stream[:3000]] + [stream[3000:]]) == msgs
@@ -214,8 +219,10 @@ def test_huge_lines_are_reported_once_and_never_buffered(
 
 
 @FUZZ
-@given(messages, st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), min_size=1,
-                          max_size=5))
+@given(
+    messages,
+    st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), min_size=1, max_size=5),
+)
 def test_corrupted_valid_lines_never_raise_anything_else(
     msg: Message, edits: list[tuple[int, int]]
 ) -> None:

@@ -317,10 +317,10 @@ def test_concurrent_flowers_lose_no_entries(ws: Path, runs: Path, procs: list) -
     assert steps == want
 
 
-@pytest.mark.timeout(180)  # 20-120 rounds of: start a child, let it rewrite 1 MB a few times, kill it
-def test_sigkill_mid_write_leaves_old_or_new_never_torn(
-    ws: Path, runs: Path, procs: list
-) -> None:
+@pytest.mark.timeout(
+    180
+)  # 20-120 rounds of: start a child, let it rewrite 1 MB a few times, kill it
+def test_sigkill_mid_write_leaves_old_or_new_never_torn(ws: Path, runs: Path, procs: list) -> None:
     rng = random.Random(20260907)
     count, payload = 10, 100_000  # a ~1 MB file: each replace takes a while to write
     seen_gens: set[int] = set()
@@ -412,8 +412,12 @@ def test_live_flower_of_the_same_workspace_or_ourselves_does_not_refuse(
     assert Lineage(runs, ws).wake() == 2
     # Our own record (by run id) never blocks us, even if it names a different workspace.
     mine = FlowerRecord(
-        run=new_run_id(), flow="x", pid=os.getpid(), pid_started=process_started(os.getpid()),
-        workspace="/somewhere/else", started_at=time.time(),
+        run=new_run_id(),
+        flow="x",
+        pid=os.getpid(),
+        pid_started=process_started(os.getpid()),
+        workspace="/somewhere/else",
+        started_at=time.time(),
     )
     Registry(runs).write(mine)
     write_file(runs, {"workspace": "/somewhere/else", "woke": 9, "steps": {}})

@@ -85,9 +85,19 @@ def assert_run_rows(rows: list[dict], run_id: str, count: int, size: int) -> Non
 
 def test_row_is_every_stepresult_field_plus_duration_and_run(runs: Path) -> None:
     result = StepResult(
-        step="干活#retry1", session_id="sid", ok=True, cost_usd=0.41, num_turns=3,
-        text="完成\n", started_at=100.0, ended_at=112.5, attempts=2,
-        errors=["API Error: 529"], resumed=True, retired=["old-sid"], context=80_200,
+        step="干活#retry1",
+        session_id="sid",
+        ok=True,
+        cost_usd=0.41,
+        num_turns=3,
+        text="完成\n",
+        started_at=100.0,
+        ended_at=112.5,
+        attempts=2,
+        errors=["API Error: 529"],
+        resumed=True,
+        retired=["old-sid"],
+        context=80_200,
     )
     row = Manifest(runs, "20260907-010203-abcdef").record(result)
     assert set(row) == set(STEP_RESULT_FIELDS) | {"duration_s", "run"}
@@ -161,8 +171,11 @@ def test_readers_concurrent_with_writers_always_parse(runs: Path, procs: list, c
     with caplog.at_level(logging.WARNING, logger="flower"):
         while any(p.poll() is None for p in kids) or len(counts) < 5:
             rows = read_manifest(runs)
-            assert all(r["text"] == row_text(r["run"], int(r["step"][1:]), 3000)
-                       for r in rows if r["run"] != OLD_RUN)
+            assert all(
+                r["text"] == row_text(r["run"], int(r["step"][1:]), 3000)
+                for r in rows
+                if r["run"] != OLD_RUN
+            )
             counts.append(len(rows))
         counts.append(len(read_manifest(runs)))  # after both have exited
     for p in kids:
@@ -193,8 +206,11 @@ def test_corrupt_file_is_set_aside_intact_and_a_fresh_one_started(
     (runs / MANIFEST_NAME).write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="flower"):
         Manifest(runs, "r").record(StepResult(step="new"))
-    aside = [p for p in runs.iterdir() if p.name.startswith(f"{MANIFEST_NAME}.") and
-             not p.name.endswith(".lock")]
+    aside = [
+        p
+        for p in runs.iterdir()
+        if p.name.startswith(f"{MANIFEST_NAME}.") and not p.name.endswith(".lock")
+    ]
     assert len(aside) == 1, what
     assert aside[0].read_bytes() == content  # never deleted, bytes intact
     rows = json.loads((runs / MANIFEST_NAME).read_bytes())
@@ -213,7 +229,7 @@ def test_torn_last_append_reads_as_the_whole_rows_and_is_repaired(runs: Path, ca
     extra = b",\n" + late + b"\n]\n"
     at = len(whole) - 3
     for cut in range(1, len(extra)):  # every point a killed multi-page pwrite may stop at
-        torn = whole[:at] + extra[:cut] + whole[at + cut:]
+        torn = whole[:at] + extra[:cut] + whole[at + cut :]
         (runs / MANIFEST_NAME).write_bytes(torn)
         entries, verdict = decode(torn)
         assert verdict in ("torn", "layout", None), cut
@@ -296,7 +312,10 @@ def test_own_rows_come_back_after_the_file_was_set_aside(runs: Path) -> None:
     Manifest(runs, "theirs").record(StepResult(step="x"))
     m.record(StepResult(step="c"))
     assert [(r["run"], r["step"]) for r in read_manifest(runs)] == [
-        ("theirs", "x"), ("mine", "a"), ("mine", "b"), ("mine", "c"),
+        ("theirs", "x"),
+        ("mine", "a"),
+        ("mine", "b"),
+        ("mine", "c"),
     ]
 
 

@@ -25,8 +25,11 @@ def _key(monkeypatch):
 
 
 def runtime(tmp_path: Path) -> SupervisedRuntime:
-    rt = SupervisedRuntime(workspace=tmp_path, run_dir=tmp_path / "runs",
-                           resilience=Resilience(max_attempts=2, base_delay=0.01, max_delay=0.02))
+    rt = SupervisedRuntime(
+        workspace=tmp_path,
+        run_dir=tmp_path / "runs",
+        resilience=Resilience(max_attempts=2, base_delay=0.01, max_delay=0.02),
+    )
     return rt
 
 
@@ -80,7 +83,9 @@ def test_a_child_that_exits_without_a_result(tmp_path, monkeypatch):
     with_child(monkeypatch, quit_after_start)
     result = run(runtime(tmp_path))
     assert not result.ok and result.attempts == 2
-    assert all("died without a result (exited with status 3)" in e for e in result.errors), result.errors
+    assert all("died without a result (exited with status 3)" in e for e in result.errors), (
+        result.errors
+    )
 
 
 def test_a_child_that_dies_before_taking_the_step(tmp_path, monkeypatch):

@@ -33,7 +33,9 @@ class FakeRuntime(Runtime):
     def has_session(self, session_id: str) -> bool:
         return session_id in self.known
 
-    async def _execute(self, spec, prompt, *, label, resume, fork, resume_at, on_event) -> StepResult:
+    async def _execute(
+        self, spec, prompt, *, label, resume, fork, resume_at, on_event
+    ) -> StepResult:
         self.calls.append({"label": label, "prompt": prompt, "resume": resume, "fork": fork})
         planned = self.script.get(label, [])
         outcome = planned.pop(0) if planned else "ok"
@@ -41,9 +43,20 @@ class FakeRuntime(Runtime):
         self.known.add(sid)
         self._session_seen(sid)
         ok = outcome == "ok" or (isinstance(outcome, str) and outcome.startswith("text:"))
-        text = outcome[5:] if isinstance(outcome, str) and outcome.startswith("text:") else f"{label} said {prompt[:20]}"
-        return StepResult(step=label, session_id=sid, ok=ok, text=text if ok else "", error=None if ok else str(outcome),
-                          started_at=1.0, ended_at=2.0)
+        text = (
+            outcome[5:]
+            if isinstance(outcome, str) and outcome.startswith("text:")
+            else f"{label} said {prompt[:20]}"
+        )
+        return StepResult(
+            step=label,
+            session_id=sid,
+            ok=ok,
+            text=text if ok else "",
+            error=None if ok else str(outcome),
+            started_at=1.0,
+            ended_at=2.0,
+        )
 
 
 _ids = itertools.count(1)
@@ -100,11 +113,14 @@ def test_resume_prompt_is_sent_when_a_session_continues(tmp_path):
 
 
 def test_resume_from_and_fork_within_one_run(tmp_path):
-    wf = Workflow([
-        Step("plan", SPEC, "plan it"),
-        Step("build", SPEC, "build it", resume_from="plan"),
-        Step("try", SPEC, "try it", resume_from="plan", fork=True),
-    ], continuous=False)
+    wf = Workflow(
+        [
+            Step("plan", SPEC, "plan it"),
+            Step("build", SPEC, "build it", resume_from="plan"),
+            Step("try", SPEC, "try it", resume_from="plan", fork=True),
+        ],
+        continuous=False,
+    )
     rt = FakeRuntime(tmp_path)
     ctx = run(wf, rt)
     plan_sid = ctx["_sessions"]["plan"]
@@ -113,11 +129,13 @@ def test_resume_from_and_fork_within_one_run(tmp_path):
 
 
 def test_when_skips_reduce_feeds_ctx(tmp_path):
-    wf = Workflow([
-        Step("a", SPEC, "a", reduce=lambda r, ctx: "reduced-a"),
-        Step("b", SPEC, "b", when=lambda ctx: False),
-        Step("c", SPEC, lambda ctx: f"c after {ctx['a']}"),
-    ])
+    wf = Workflow(
+        [
+            Step("a", SPEC, "a", reduce=lambda r, ctx: "reduced-a"),
+            Step("b", SPEC, "b", when=lambda ctx: False),
+            Step("c", SPEC, lambda ctx: f"c after {ctx['a']}"),
+        ]
+    )
     rt = FakeRuntime(tmp_path)
     ctx = run(wf, rt)
     assert labels(rt) == ["a", "c"]
@@ -138,8 +156,18 @@ def test_retries_are_labelled_and_only_the_bare_name_enters_lineage(tmp_path):
 
 def test_gate_and_on_reject_make_rounds_that_resume_the_rejected_session(tmp_path):
     verdicts = iter([False, True])
-    wf = Workflow([Step("work", SPEC, "do", retries=2, gate=lambda r, ctx: next(verdicts),
-                        on_reject=lambda r, ctx: "not yet, fix X")])
+    wf = Workflow(
+        [
+            Step(
+                "work",
+                SPEC,
+                "do",
+                retries=2,
+                gate=lambda r, ctx: next(verdicts),
+                on_reject=lambda r, ctx: "not yet, fix X",
+            )
+        ]
+    )
     rt = FakeRuntime(tmp_path)
     run(wf, rt)
     assert labels(rt) == ["work", "work#round2"]
@@ -174,7 +202,9 @@ def test_bad_declarations_are_one_line_errors():
 
 
 def test_unfinished_run_is_resumed_without_redoing_finished_steps(tmp_path):
-    wf = Workflow([Step("a", SPEC, "a"), Step("b", SPEC, "b"), Step("c", SPEC, lambda ctx: f"c {ctx['b']}")])
+    wf = Workflow(
+        [Step("a", SPEC, "a"), Step("b", SPEC, "b"), Step("c", SPEC, lambda ctx: f"c {ctx['b']}")]
+    )
     rt1 = FakeRuntime(tmp_path, {"b": ["boom"]})
     ctx1 = run(wf, rt1)
     assert labels(rt1) == ["a", "b"] and rt1.record.state == "failed"
@@ -216,7 +246,9 @@ def test_registry_record_tells_the_story(tmp_path):
     rt = FakeRuntime(tmp_path)
     run(wf, rt)
     (rec,) = Registry(tmp_path / "runs").records()
-    assert rec.flow == "story" and rec.state == "finished" and rec.woke == 1 and "a" in rec.completed
+    assert (
+        rec.flow == "story" and rec.state == "finished" and rec.woke == 1 and "a" in rec.completed
+    )
 
 
 def test_new_ignores_the_unfinished_run(tmp_path):
@@ -236,9 +268,17 @@ def test_a_start_refused_for_another_workspace_leaves_no_record(tmp_path):
 
     runs = tmp_path / "runs"
     runs.mkdir()
-    (runs / "lineage.json").write_text(json.dumps({"workspace": "/somewhere/else", "woke": 3, "steps": {}}))
-    holder = FlowerRecord(run="20260101-000000-abcdef", flow="other", pid=os.getpid(),
-                          pid_started=None, workspace="/somewhere/else", started_at=time.time())
+    (runs / "lineage.json").write_text(
+        json.dumps({"workspace": "/somewhere/else", "woke": 3, "steps": {}})
+    )
+    holder = FlowerRecord(
+        run="20260101-000000-abcdef",
+        flow="other",
+        pid=os.getpid(),
+        pid_started=None,
+        workspace="/somewhere/else",
+        started_at=time.time(),
+    )
     Registry(runs).write(holder)
     rt = FakeRuntime(tmp_path)
     with pytest.raises(RunDirBusy, match=str(os.getpid())):

@@ -102,7 +102,11 @@ def peek(run_dir: str | Path) -> dict[str, Any]:
         state = _parse((Path(run_dir) / LINEAGE_NAME).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return {}
-    return {} if state is None else {"workspace": state.workspace, "woke": state.woke, "steps": state.steps}
+    return (
+        {}
+        if state is None
+        else {"workspace": state.workspace, "woke": state.woke, "steps": state.steps}
+    )
 
 
 class Lineage:

@@ -297,7 +297,11 @@ async def _back_off(
 
     def offline(elapsed: float) -> None:  # one event per failed probe: the terminal shows the wait
         if on_event:
-            on_event(Event("offline", label, {"elapsed": round(elapsed), "interval": policy.probe_interval}))
+            on_event(
+                Event(
+                    "offline", label, {"elapsed": round(elapsed), "interval": policy.probe_interval}
+                )
+            )
 
     async def wait() -> bool:
         if not await policy.wait_online(on_wait=offline):

@@ -303,12 +303,15 @@ class Manifest:
         if verdict == "torn":
             log.warning(
                 "manifest %s was cut short mid-write; kept it as %s and rewrote its %d whole rows",
-                self.path, aside, whole_rows,
+                self.path,
+                aside,
+                whole_rows,
             )
         else:
             log.warning(
                 "manifest %s is not a JSON array of rows; kept it as %s and started a fresh one",
-                self.path, aside,
+                self.path,
+                aside,
             )
 
     def _append(self, fd: int, size: int, rows: int, raws: list[bytes]) -> None:

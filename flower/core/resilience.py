@@ -39,7 +39,9 @@ from flower.docs.handoff import is_overflow
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 
-RESUME_PROMPT = "上一轮在中途被打断,没有跑完。检查一下工作台里已经落盘的东西,从中断处接着做,不要重头来过。"
+RESUME_PROMPT = (
+    "上一轮在中途被打断,没有跑完。检查一下工作台里已经落盘的东西,从中断处接着做,不要重头来过。"
+)
 
 TRANSIENT, FATAL, UNKNOWN = "transient", "fatal", "unknown"
 

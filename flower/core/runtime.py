@@ -122,7 +122,9 @@ class Runtime:
         return 0
 
     def lineage(self) -> Lineage:
-        return Lineage(self.run_dir, self.workspace, has_session=self.has_session, run_id=self.run_id)
+        return Lineage(
+            self.run_dir, self.workspace, has_session=self.has_session, run_id=self.run_id
+        )
 
     @property
     def manifest(self) -> Manifest:
@@ -191,7 +193,13 @@ class Runtime:
         label = step_name or spec.name
         self.note(step=label, session_id=resume, attempt=1)
         result = await self._execute(
-            spec, prompt, label=label, resume=resume, fork=fork, resume_at=resume_at, on_event=on_event
+            spec,
+            prompt,
+            label=label,
+            resume=resume,
+            fork=fork,
+            resume_at=resume_at,
+            on_event=on_event,
         )
         return self._finish(result)
 
@@ -228,7 +236,14 @@ class Runtime:
         from . import loop
 
         return await loop.execute(
-            self, spec, prompt, label=label, resume=resume, fork=fork, resume_at=resume_at, on_event=on_event
+            self,
+            spec,
+            prompt,
+            label=label,
+            resume=resume,
+            fork=fork,
+            resume_at=resume_at,
+            on_event=on_event,
         )
 
     async def _attempt(
@@ -267,7 +282,9 @@ class Runtime:
         )
         state = AttemptState(label, watch)
         await self.close_deferred()  # the session may be the one a deferred CLI still holds
-        result = await run_attempt(options, prompt, state, on_client=self._set_client, defer_close=self._deferred)
+        result = await run_attempt(
+            options, prompt, state, on_client=self._set_client, defer_close=self._deferred
+        )
         if self._interrupted:
             result.ok, result.error = False, self.INTERRUPTED
         elif self._handoff_due and not result.ok:
@@ -299,7 +316,13 @@ class Runtime:
         if used >= self.handoff.warn_at and not self._warned:
             self._warned = True
             if on_event:
-                on_event(Event("handoff", label, {"phase": "near", "used": used, "window": self.handoff.window}))
+                on_event(
+                    Event(
+                        "handoff",
+                        label,
+                        {"phase": "near", "used": used, "window": self.handoff.window},
+                    )
+                )
         if used >= self.handoff.at and not final:
             self._handoff_due = True
             return True

@@ -314,4 +314,3 @@ __all__ = [
     "degraded",
     "is_overflow",
 ]
-

@@ -71,7 +71,9 @@ class Step:
         """``name``, then ``name#roundN`` (with on_reject) or ``name#retryN``."""
         if attempt == 0:
             return self.name
-        return f"{self.name}#round{attempt + 1}" if self.on_reject else f"{self.name}#retry{attempt}"
+        return (
+            f"{self.name}#round{attempt + 1}" if self.on_reject else f"{self.name}#retry{attempt}"
+        )
 
 
 @dataclass
@@ -115,7 +117,9 @@ class Workflow:
 class _Run:
     """One execution of a Workflow (kept apart so run() reads top to bottom)."""
 
-    def __init__(self, wf: Workflow, rt: Runtime, on_event: Any, on_step: Any, new: bool = False) -> None:
+    def __init__(
+        self, wf: Workflow, rt: Runtime, on_event: Any, on_step: Any, new: bool = False
+    ) -> None:
         self.wf, self.rt, self.on_event, self.on_step = wf, rt, on_event, on_step
         self.new = new
         self.ctx: Ctx = dict(wf.context)
@@ -125,7 +129,9 @@ class _Run:
     async def run(self, command: list[str] | None) -> Ctx:
         rt, wf = self.rt, self.wf
         names = [s.name for s in wf.steps]
-        self.prior = None if self.new else prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
+        self.prior = (
+            None if self.new else prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
+        )
         with registry_lock(rt.run_dir):  # check-then-register is one step for concurrent starts
             refuse_live_conflict(rt.run_dir, names, exclude=rt.run_id)
             rt.begin_flow(wf.name, names, command=command)
@@ -137,12 +143,23 @@ class _Run:
         sessions = self.lineage.load() if wf.continuous else {}
         rt.note(woke=woke)
         self.ctx.update(
-            _woke=woke, _sessions=dict(sessions), _results={}, _runtime=rt, _on_event=self.on_event, _flow=wf.name
+            _woke=woke,
+            _sessions=dict(sessions),
+            _results={},
+            _runtime=rt,
+            _on_event=self.on_event,
+            _flow=wf.name,
         )
         self.lineage_sessions = dict(sessions)
         if woke > 1 and self.on_event:
-            contexts = {name: rt.session_context(sid) for name, sid in sessions.items() if name in names}
-            self._emit(Event("wake", "", {"woke": woke, "workspace": str(rt.workspace), "contexts": contexts}))
+            contexts = {
+                name: rt.session_context(sid) for name, sid in sessions.items() if name in names
+            }
+            self._emit(
+                Event(
+                    "wake", "", {"woke": woke, "workspace": str(rt.workspace), "contexts": contexts}
+                )
+            )
         state, stopped_at = "finished", None
         try:
             for i, step in enumerate(wf.steps):
@@ -166,7 +183,18 @@ class _Run:
             return True
         resume = self._session_for(step)
         prompt_cur = self._resume_text(step, prompt) if resume else prompt
-        self._emit(Event("step", step.name, {"index": index, "total": len(self.wf.steps), "resumed": bool(resume), "woke": ctx["_woke"]}))
+        self._emit(
+            Event(
+                "step",
+                step.name,
+                {
+                    "index": index,
+                    "total": len(self.wf.steps),
+                    "resumed": bool(resume),
+                    "woke": ctx["_woke"],
+                },
+            )
+        )
         result, passed = await self._attempts(step, prompt, prompt_cur, resume)
         if passed:
             value = step.reduce(result, ctx) if step.reduce else result.text
@@ -176,7 +204,9 @@ class _Run:
             self.on_step(step, result)
         return passed or step.on_fail == "continue"
 
-    async def _attempts(self, step: Step, prompt: str, prompt_cur: str, resume: str | None) -> tuple[StepResult, bool]:
+    async def _attempts(
+        self, step: Step, prompt: str, prompt_cur: str, resume: str | None
+    ) -> tuple[StepResult, bool]:
         ctx, rt = self.ctx, self.rt
         resume_cur, fork_cur = resume, step.fork
         result: StepResult | None = None
@@ -186,7 +216,12 @@ class _Run:
             rt.on_session = lambda sid, label=label: self._remember(step.name, label, sid)
             try:
                 result = await rt.run(
-                    step.spec, prompt_cur, step_name=label, resume=resume_cur, fork=fork_cur, on_event=self.on_event
+                    step.spec,
+                    prompt_cur,
+                    step_name=label,
+                    resume=resume_cur,
+                    fork=fork_cur,
+                    on_event=self.on_event,
                 )
             finally:
                 rt.on_session = None
@@ -246,7 +281,20 @@ class _Run:
             self.ctx["_sessions"][step.name] = result.session_id
         self.ctx[step.name] = done.get("value", result.text)
         self._completed(step, digest, result, self.ctx[step.name])
-        self._emit(Event("step", step.name, {"index": index, "total": len(self.wf.steps), "resumed": False, "woke": self.ctx["_woke"], "reused": True, "run": self.prior.run if self.prior else None}))
+        self._emit(
+            Event(
+                "step",
+                step.name,
+                {
+                    "index": index,
+                    "total": len(self.wf.steps),
+                    "resumed": False,
+                    "woke": self.ctx["_woke"],
+                    "reused": True,
+                    "run": self.prior.run if self.prior else None,
+                },
+            )
+        )
         if self.on_step:
             self.on_step(step, result)
         return True
@@ -255,7 +303,11 @@ class _Run:
         rec = self.rt.record
         if rec is None:
             return
-        rec.completed[step.name] = {"hash": digest, "result": result.to_dict(), "value": jsonable(value)}
+        rec.completed[step.name] = {
+            "hash": digest,
+            "result": result.to_dict(),
+            "value": jsonable(value),
+        }
         self.rt.note()
 
     def _emit(self, event: Event) -> None:

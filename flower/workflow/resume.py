@@ -61,7 +61,9 @@ def prior_run(run_dir: Path, flow: str, workspace: Path, *, exclude: str) -> Pri
     if last.state == FINISHED:
         return None
     in_flight = last.step.split("#")[0] if last.step else None
-    return PriorRun(run=last.run, state=last.state, completed=dict(last.completed), in_flight=in_flight)
+    return PriorRun(
+        run=last.run, state=last.state, completed=dict(last.completed), in_flight=in_flight
+    )
 
 
 def refuse_live_conflict(run_dir: Path, steps: list[str], *, exclude: str) -> None:

@@ -43,6 +43,12 @@ def _noisy_hook():
 
 
 noisy = Workflow(
-    [Step("noisy", AgentSpec(name="noisy", instructions="t", allowed_tools=["Bash"], hooks=_noisy_hook()), "[[noisy]] go")],
+    [
+        Step(
+            "noisy",
+            AgentSpec(name="noisy", instructions="t", allowed_tools=["Bash"], hooks=_noisy_hook()),
+            "[[noisy]] go",
+        )
+    ],
     name="noisy",
 )
