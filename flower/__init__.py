@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._errors import ConfigError, FlowerError, RunDirBusy
+from ._errors import AttemptCrash, ConfigError, FlowerError, RunDirBusy
 from .core.agent import AgentSpec, CompactPolicy, build_options, merge_hooks
 from .core.credentials import CredentialsError
 from .core.lineage import Lineage
@@ -31,7 +31,7 @@ _LAZY = {
     "TrimmingSessionStore": "flower.stores.trim",
     "TrimPolicy": "flower.stores.trim",
     "EphemeralPolicy": "flower.stores.trim",
-    "is_ephemeral": "flower.core.ephemeral",
+    "is_ephemeral": "flower.util.ephemeral",
     "PruningSessionStore": "flower.stores.prune",
     "PrunePolicy": "flower.stores.prune",
 }
@@ -45,6 +45,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AgentSpec",
+    "AttemptCrash",
     "CompactPolicy",
     "ConfigError",
     "CredentialsError",

@@ -35,3 +35,30 @@ class RunDirBusy(FlowerError):
 
 class ConfigError(FlowerError, ValueError):
     """Bad input from a person: a flow path, an option, a file that is not what it claims."""
+
+
+class AttemptCrash(FlowerError):
+    """An attempt failed in a way retrying cannot fix: a bug in flower, a spec the SDK
+    rejects, an import that fails where the attempt runs.
+
+    The step stops at once: no retry, no network probe. ``kind`` is the exception's type
+    name, ``detail`` its traceback (kept in the step's log file, named by ``log``).
+    """
+
+    def __init__(self, kind: str, message: str, *, detail: str = "", log: str = "") -> None:
+        super().__init__(f"{kind}: {message}" if message else kind, hint="")
+        self.kind = kind
+        self.text = message
+        self.detail = detail
+        self.log = log
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_crash, (self.kind, self.text, self.detail, self.log))
+
+    def one_line(self) -> str:
+        where = f"; traceback in {self.log}" if self.log else ""
+        return f"flower bug or bad setup, not retried: {self.message}{where}"
+
+
+def _rebuild_crash(kind: str, message: str, detail: str, log: str) -> AttemptCrash:
+    return AttemptCrash(kind, message, detail=detail, log=log)

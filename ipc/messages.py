@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from ipc.errors import ProtocolError
@@ -40,6 +40,7 @@ _TYPE_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "str": ("a string", lambda v: isinstance(v, str)),
     "str | None": ("a string or null", lambda v: v is None or isinstance(v, str)),
     "int": ("an integer", _is_int),
+    "int | None": ("an integer or null", lambda v: v is None or _is_int(v)),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "list[str]": ("a list of strings", _is_str_list),
     "dict[str, Any]": ("a JSON object", lambda v: isinstance(v, dict)),
@@ -132,10 +133,12 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Start(Message):
-    """Run one step attempt; the first message a child receives, and the only ``start``.
+    """Run one step attempt; the one ``start`` a child receives.
 
-    ``spec`` is the agent spec's name (for logs); ``options`` is a free JSON object of runtime
-    settings the child needs.
+    The fields of one attempt (flower's ``StepCall.wire()``): ``spec`` is the agent spec's
+    name (the spec itself crosses by fork), ``resume``/``fork``/``resume_at`` the session the
+    CLI continues, ``attempt`` the attempt's number (for the step's log), ``stop_at`` the
+    context size at which the attempt stops itself for a handoff (null: never).
     """
 
     TYPE: ClassVar[str] = "start"
@@ -147,15 +150,25 @@ class Start(Message):
     fork: bool = False
     resume_at: str | None = None
     attempt: int = 1
-    options: dict[str, Any] = field(default_factory=dict)
+    stop_at: int | None = None
+
+    def _rule(self) -> str | None:
+        if self.attempt < 1:
+            return f"field 'attempt' must be 1 or more, got {self.attempt}"
+        if self.stop_at is not None and self.stop_at < 0:
+            return f"field 'stop_at' must not be negative, got {self.stop_at}"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
 class Interrupt(Message):
-    """The person pressed Ctrl-C; ``text`` is what they typed, if anything."""
+    """Stop the attempt at the next message boundary (the person pressed Ctrl-C).
+
+    What they say next goes to the supervisor's step loop, never to this child: the loop
+    sends it with the next attempt.
+    """
 
     TYPE: ClassVar[str] = "interrupt"
-    text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +189,9 @@ class Answer(Message):
 
 @dataclass(frozen=True, slots=True)
 class Shutdown(Message):
-    """Stop now (the supervisor is going away or gave up on the step)."""
+    """Exit without running anything more: a prepared child whose step will not run.
+
+    The child ends its CLI (which has sent no request) and exits; it sends nothing back."""
 
     TYPE: ClassVar[str] = "shutdown"
     reason: str

@@ -24,7 +24,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from flower.core.fsutil import atomic_write_text, private_dir
+from flower.util.fsutil import atomic_write_text, private_dir
 from flower.core.manifest import MANIFEST_NAME, Manifest, manifest_row
 from flower.core.result import StepResult
 

@@ -1,10 +1,15 @@
-"""The step child: forked by the supervisor, runs one step attempt, reports, exits.
+"""The step child: forked by the supervisor, runs ONE attempt of a step, reports, exits.
 
 It is forked (not exec'd) from a supervisor that has already imported the SDK and loaded
 the flow, so it starts in milliseconds and holds the very AgentSpec object (hooks,
-in-process MCP servers and all) that the supervisor resolved; the ``start`` message carries
-the rest. It talks only over its two pipe descriptors: its stdout/stderr go to a per-step
-log, so a stray print cannot break the protocol.
+in-process MCP servers and all) the supervisor resolved. It starts the attempt's CLI at once
+(:meth:`SdkAttempt.connect`), even before its ``start`` frame arrives, so a child forked ahead
+of time (a *prepared* child) only has the prompt left to send. It talks only over its two
+pipe descriptors: its stdout/stderr go to the step's log file, so a stray print cannot break
+the protocol.
+
+The attempt is flower's one attempt (:class:`flower.core.attempt.SdkAttempt`); retries,
+backoff, interrupts and handoffs are the supervisor's step loop, not the child's.
 
 Its whole tree (the CLI, the tool shells) dies with it: it is its own process group and a
 subreaper, it gets SIGTERM when the supervisor dies (even by SIGKILL), and SIGTERM, SIGHUP
@@ -22,26 +27,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower.core import loop as step_loop
-from flower.core.fsutil import open_private
+from flower.core.attempt import Closer, SdkAttempt, crash_of
+from flower.core.call import StepCall
+from flower.core.interrupts import Interrupts
+from flower.core.placement import Seat, Watch
+from flower.core.proctree import PROCS
 from flower.core.result import Event, jsonable
-from flower.core.runtime import Runtime
+from flower.util.fsutil import open_private
 from ipc import (
-    Answer,
     EventMsg,
     Failure,
     Hello,
     Interrupt,
     LineReader,
     LineWriter,
+    Message,
     ProtocolError,
     Result,
     Session,
     Shutdown,
     Start,
 )
-
-from .proctree import become_subreaper, die_with_parent, kill_descendants
 
 MAX_TEXT_BYTES = 4 * 1024 * 1024  # half the protocol's line bound, leaving room for the rest
 
@@ -50,8 +56,8 @@ MAX_TEXT_BYTES = 4 * 1024 * 1024  # half the protocol's line bound, leaving room
 class ChildSetup:
     """What the forked child gets from its parent's memory."""
 
-    runtime: Any  # the supervisor's Runtime object (its policies, workspace, store)
-    spec: Any  # the AgentSpec to run
+    call: StepCall  # the attempt to run (its prompt may still be unknown: see ``start``)
+    seat: Seat
     read_fd: int  # parent -> child
     write_fd: int  # child -> parent
     log_path: Path
@@ -68,19 +74,19 @@ def child_main(setup: ChildSetup) -> int:
     try:
         return loop.run_until_complete(_serve(setup))
     finally:
-        kill_descendants()
+        PROCS.kill_descendants()
 
 
 def _isolate(setup: ChildSetup) -> None:
     """Own process group, subreaper, parent-death signal, quiet stdio, clean signal state."""
     os.setpgid(0, 0)
-    become_subreaper()
+    PROCS.become_subreaper()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _die)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what an interrupt is
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    die_with_parent(signal.SIGTERM, parent=setup.parent_pid)
+    PROCS.die_with_parent(signal.SIGTERM, parent=setup.parent_pid)
     for fd in setup.close_fds:
         try:
             os.close(fd)
@@ -101,7 +107,7 @@ def _redirect_stdio(log_path: Path) -> None:
 
 def _die(signum: int, _frame: Any) -> None:
     """SIGTERM/SIGHUP (or the parent's death): take the whole tree down, now."""
-    kill_descendants()
+    PROCS.kill_descendants()
     os._exit(128 + signum)
 
 
@@ -110,17 +116,18 @@ class _Child:
 
     def __init__(self, setup: ChildSetup) -> None:
         self.setup = setup
-        self.rt = setup.runtime
         self.out = LineWriter(setup.write_fd)
         self.reader = LineReader()
-        self.start: Start | None = None
-        self.started = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task[Any] | None = None
+        self.started: asyncio.Future[Start] = asyncio.get_running_loop().create_future()
+        self.interrupts = Interrupts()
+        watch = Watch(on_session=self.on_session, on_event=self.on_event, on_handle=self.interrupts.attach)
+        self.attempt = SdkAttempt(setup.call, setup.seat, watch)
+        self.work: asyncio.Task[int] | None = None
 
-    def send(self, msg: Any) -> None:
+    def send(self, msg: Message) -> None:
         try:
             self.out.send(msg)
-        except (BrokenPipeError, OSError):
+        except OSError:
             _die(signal.SIGTERM, None)  # nobody is listening: the supervisor is gone
         except ProtocolError as exc:  # a message we built badly: report it, keep going
             print(f"flower step child: could not send {type(msg).__name__}: {exc}", file=sys.stderr)
@@ -134,7 +141,7 @@ class _Child:
         for item in items:
             self.dispatch(item)
 
-    def dispatch(self, item: Any) -> None:
+    def dispatch(self, item: Message | ProtocolError | EOFError) -> None:
         if isinstance(item, EOFError):
             _die(signal.SIGTERM, None)  # the supervisor died; PDEATHSIG may not exist here
         elif isinstance(item, ProtocolError):
@@ -142,67 +149,72 @@ class _Child:
         elif isinstance(item, Start) and not self.started.done():
             self.started.set_result(item)
         elif isinstance(item, Interrupt):
-            asyncio.get_running_loop().create_task(Runtime.interrupt(self.rt, item.text))
-        elif isinstance(item, Answer) and item.id == "interrupt":
-            Runtime.reply(self.rt, item.text if item.state == "answered" else None)
-        elif isinstance(item, Shutdown) and self.task is not None:
-            self.task.cancel()
+            asyncio.get_running_loop().create_task(self.interrupts.request(""))
+        elif isinstance(item, Shutdown) and self.work is not None:
+            self.work.cancel()
 
-    async def run(self) -> int:
+    async def serve(self) -> int:
         self.send(Hello(pid=os.getpid()))
-        start: Start = await self.started
-        rt = self.rt
-        rt.record = None  # only the supervisor writes the registry, lineage and manifest
-        rt.on_session = lambda sid: self.send(
-            Session(label=start.label, step=start.step, session_id=sid)
-        )
-        rt.defer_closing()  # report the result first, then let the CLI shut down
-        self.task = asyncio.get_running_loop().create_task(
-            step_loop.execute(
-                rt,
-                self.setup.spec,
-                start.prompt,
-                label=start.label,
-                resume=start.resume,
-                fork=start.fork,
-                resume_at=start.resume_at,
-                on_event=self.on_event,
+        connecting = asyncio.ensure_future(self.attempt.connect())  # before the prompt is known
+        deferred: list[Closer] = []
+        try:
+            start = await self.started
+            problem = _mismatch(start, self.setup.call)
+            if problem:
+                self.send(Failure(kind="ProtocolError", message=problem, retryable=True, cause=None))
+                return 1
+            print(f"--- {start.label}: attempt {start.attempt} (pid {os.getpid()})", flush=True)
+            await connecting
+            call = self.setup.call.attempting(
+                prompt=start.prompt, attempt=start.attempt, stop_at=start.stop_at
             )
-        )
-        result = await self.task
-        fields = result.to_dict()
-        if (
-            len(fields["text"].encode("utf-8")) > MAX_TEXT_BYTES
-        ):  # keep the line under the pipe's bound
-            fields["text"] = (
-                fields["text"].encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore")
-                + "\n[…截断]"
-            )
-        self.send(Result(fields=jsonable(fields)))
-        await rt.close_deferred()  # the supervisor waits for our exit before resuming this session
+            result = await self.attempt.run(call)
+            self.send(Result(fields=_fields(result.to_dict())))
+        finally:
+            connecting.cancel()
+            await self.attempt.close(defer=deferred)
+        for close in deferred:  # the supervisor waits for our exit before resuming this session
+            await close()
         return 0
+
+    def on_session(self, sid: str) -> None:
+        call = self.setup.call
+        self.send(Session(label=call.label, step=call.step, session_id=sid))
 
     def on_event(self, event: Event) -> None:
         self.send(EventMsg(kind=event.kind, step=event.step, payload=jsonable(event.payload)))
+
+
+def _mismatch(start: Start, call: StepCall) -> str:
+    """Why ``start`` is not the attempt this child's CLI was started for ('' when it is)."""
+    want = call.wire()
+    got = {k: getattr(start, k) for k in ("label", "spec", "resume", "fork", "resume_at")}
+    wrong = [k for k, v in got.items() if want[k] != v]
+    return f"start does not match the prepared attempt in {', '.join(wrong)}" if wrong else ""
+
+
+def _fields(fields: dict[str, Any]) -> dict[str, Any]:
+    text = fields["text"]
+    if len(text.encode("utf-8")) > MAX_TEXT_BYTES:  # keep the line under the pipe's bound
+        cut = text.encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore")
+        fields["text"] = cut + "\n[…截断]"
+    return dict(jsonable(fields))
 
 
 async def _serve(setup: ChildSetup) -> int:
     os.set_blocking(setup.read_fd, False)
     child = _Child(setup)
     asyncio.get_running_loop().add_reader(setup.read_fd, child.on_readable)
+    child.work = asyncio.ensure_future(child.serve())
     try:
-        return await child.run()
-    except asyncio.CancelledError:
-        child.send(
-            Failure(
-                kind="shutdown", message="stopped by the supervisor", retryable=False, cause=None
-            )
-        )
-        return 1
+        return await child.work
+    except asyncio.CancelledError:  # shutdown: a prepared child not needed, or the step dropped
+        return 0
     except Exception as exc:  # noqa: BLE001 - reported over the pipe as an explicit frame
-        cause = "".join(traceback.format_exception(exc))[-4000:]
-        traceback.print_exc()
+        crash = crash_of(exc)
+        traceback.print_exception(exc)
+        sys.stderr.flush()
         child.send(
-            Failure(kind=type(exc).__name__, message=str(exc)[:2000], retryable=True, cause=cause)
+            Failure(kind=crash.kind, message=crash.text, retryable=False, cause=crash.detail[-4000:])
         )
         return 1

@@ -22,12 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flower import FlowerError
+from flower import FlowerError, Runtime
+from flower.core.proctree import PROCS
 from flower.core.registry import INTERRUPTED, KILLED
 from flower.workflow import Workflow
-from stepproc.proctree import become_subreaper
 
-from .runtime import SupervisedRuntime
+from .placement import Forked
 from .terminal import Terminal
 
 ARCHIVE_EXTRA = ("需求.md", "目标.md")
@@ -47,11 +47,14 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
     """Build the runtime and run the flow; returns the exit status (signals may not return)."""
     import claude_agent_sdk  # noqa: F401 - imported once here so forked children never pay it
 
-    become_subreaper()
-    rt = SupervisedRuntime(
-        workspace=args.workspace, run_dir=args.run_dir, trim=args.trim, workbench=True
+    PROCS.become_subreaper()
+    rt = Runtime(
+        workspace=args.workspace,
+        run_dir=args.run_dir,
+        trim=args.trim,
+        workbench=True,
+        placement=Forked(ask=term.ask),
     )
-    rt.ask_person = term.ask
     if args.new:
         _archive(rt, term)
     try:
@@ -60,7 +63,7 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         rt.close()
 
 
-def _archive(rt: SupervisedRuntime, term: Terminal) -> None:
+def _archive(rt: Runtime, term: Terminal) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     into = rt.workspace / ".flower" / "notes" / "archive" / stamp
     moved = rt.lineage().archive(into, extra=[rt.workspace / n for n in ARCHIVE_EXTRA])
@@ -68,7 +71,7 @@ def _archive(rt: SupervisedRuntime, term: Terminal) -> None:
         term.say(f"-- 重开一件事:上次的血缘和冻结件已归档到 {into}")
 
 
-async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Terminal) -> int:
+async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> int:
     desk = SignalDesk(rt, term)
     desk.install()
     await _wait_for_endpoint(rt, term)
@@ -90,7 +93,7 @@ async def _main(wf: Workflow, rt: SupervisedRuntime, args: StartArgs, term: Term
     return 0
 
 
-async def _wait_for_endpoint(rt: SupervisedRuntime, term: Terminal) -> None:
+async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:
     """An unreachable endpoint is one clear line, then the wait resilience promises."""
     res = rt.resilience
     if not res.enabled or res.reachable():  # sync: no helper thread alive when we fork
@@ -111,8 +114,9 @@ async def _wait_for_endpoint(rt: SupervisedRuntime, term: Terminal) -> None:
 class SignalDesk:
     """The supervisor's signal handlers (installed on the running event loop)."""
 
-    def __init__(self, rt: SupervisedRuntime, term: Terminal) -> None:
-        self.rt, self.term = rt, term
+    def __init__(self, rt: Runtime, term: Terminal) -> None:
+        assert isinstance(rt.placement, Forked)
+        self.rt, self.term, self.placement = rt, term, rt.placement
         self.interrupting = False
 
     def install(self) -> None:
@@ -122,24 +126,26 @@ class SignalDesk:
             loop.add_signal_handler(sig, self.on_fatal, sig)
 
     def on_sigint(self) -> None:
-        if self.interrupting or self.rt.current is None:
+        if self.interrupting or self.rt.in_flight is None:
             self.exit_now()  # does not return
             return
         self.interrupting = True
         asyncio.get_running_loop().create_task(self._interrupt())
 
     async def _interrupt(self) -> None:
-        await self.rt.interrupt_child()
+        """Ctrl-C once: the step loop stops what is in flight (an attempt in its child, or a
+        wait between attempts) and resumes the same session with what the person says."""
+        await self.rt.interrupt(None)
         self.term.say("")
         said = await self.term.read_line(
             "打断了。想说点什么就打一句,回车 = 直接接着做(再按一次 Ctrl-C 退出)\n> "
         )
         self.interrupting = False
-        self.rt.answer_interrupt(said or "")
+        self.rt.reply(said or "")
 
     def exit_now(self) -> None:
         """Ctrl-C twice: stop the children, close the stores, leave. No manifest row."""
-        self.rt.stop_children()
+        self.placement.stop_now()
         self.rt.note(state=INTERRUPTED, ended_at=time.time(), exit_code=130)
         self.rt.close()
         self.term.say("\n-- 已退出。血缘在盘上:在同一个目录再跑一次就接着上次。")
@@ -150,7 +156,7 @@ class SignalDesk:
         """SIGTERM / SIGHUP: rescue the in-flight row, stop children, die of the signal."""
         try:
             self.rt.rescue()
-            self.rt.stop_children()
+            self.placement.stop_now()
             self.rt.note(state=KILLED, ended_at=time.time(), exit_code=128 + sig)
             self.rt.close()
         finally:

@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 from flower.core.result import Event, StepResult
 
+from .placement import DIED
+
 RULE_WIDTH = 38
 
 
@@ -66,7 +68,7 @@ class Terminal:
 
     def _ev_retry(self, ev: Event) -> None:
         p = ev.payload
-        if p.get("kind") == "child-died":
+        if DIED in str(p.get("error", "")):
             self.say(
                 f"  … 步骤子进程意外退出,{p.get('delay', 0)} 秒后换一个子进程接着同一条会话(第 {p.get('attempt')} 次失败)"
             )

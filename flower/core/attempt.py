@@ -1,25 +1,82 @@
-"""One attempt: a single SDK client session run to its ResultMessage.
+"""One attempt: a single SDK client session, from starting the CLI to its ResultMessage.
 
-The loop around attempts (retries, interrupts, handoffs) lives in ``loop.py``; this
-module only turns the SDK's message stream into a StepResult and keeps the running context
-size, telling its owner the instant the session id is known, and makes sure nothing of an
-attempt outlives it.
+Every placement runs attempts through :class:`SdkAttempt`: in this process, or inside a
+forked step child. It turns the SDK's message stream into a StepResult, reports the session
+id the instant it is known and the context size after every main-thread turn, stops itself
+for a handoff (``call.stop_at``), and makes sure nothing of the attempt outlives it.
+
+Starting the CLI (:meth:`SdkAttempt.connect`) and sending the prompt (:meth:`SdkAttempt.run`)
+are separate so a step child can start its CLI before its prompt is known.
+
+What goes wrong is sorted once, here (:func:`is_crash`): the CLI or the network failing is
+the attempt's ``error`` (the resilience policy decides whether to retry); an exception that
+says the code or its input is wrong (a bug in flower, a spec the SDK rejects, a failed import)
+is an :class:`~flower.AttemptCrash`, which stops the step at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import time
+import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import psutil
+from .._errors import AttemptCrash, FlowerError
+from .agent import build_options
+from .call import StepCall
+from .placement import Seat, Watch
+from .proctree import ATTEMPT_TAG, PROCS, ProcessTree
+from .result import HANDOFF_DUE, Event, StepResult
 
-from .result import Event, StepResult
+Closer = Callable[[], Awaitable[None]]
+
+# Exceptions that say the code or its input is wrong: retrying the same call cannot help.
+_CODE_ERRORS: tuple[type[BaseException], ...] = (
+    AttributeError,
+    TypeError,
+    NameError,
+    LookupError,  # KeyError, IndexError
+    AssertionError,
+    ImportError,
+    SyntaxError,
+    NotImplementedError,
+    RecursionError,
+    ValueError,
+)
+
+
+def is_crash(exc: BaseException) -> bool:
+    """Is ``exc`` a failure retrying cannot fix (rather than the CLI or network failing)?
+
+    Code errors (:data:`_CODE_ERRORS`, minus text-decoding trouble from a process's output),
+    flower's own deliberate errors (but a store that stayed busy), and a CLI that is not
+    installed are crashes. The SDK's errors about its process, OS errors, timeouts and the
+    SDK's generic ``Exception``/``RuntimeError`` (control-request timeouts, a resume that could
+    not be materialised) are the attempt's error.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        return any(is_crash(e) for e in exc.exceptions)
+    from claude_agent_sdk import CLINotFoundError
+
+    if isinstance(exc, CLINotFoundError):
+        return True
+    if isinstance(exc, FlowerError):
+        return not isinstance(exc, TimeoutError)
+    if isinstance(exc, UnicodeError):
+        return False
+    return isinstance(exc, _CODE_ERRORS)
+
+
+def crash_of(exc: BaseException) -> AttemptCrash:
+    """The AttemptCrash that stands for ``exc`` (its traceback kept as ``detail``)."""
+    if isinstance(exc, AttemptCrash):
+        return exc
+    detail = "".join(traceback.format_exception(exc))
+    return AttemptCrash(type(exc).__name__, str(exc)[:2000], detail=detail)
 
 
 def context_of(usage: dict[str, Any] | None) -> int:
@@ -35,25 +92,28 @@ def context_of(usage: dict[str, Any] | None) -> int:
     return sum(int(usage.get(k) or 0) for k in keys)
 
 
-@dataclass
-class AttemptWatch:
-    """What an attempt reports upward while it runs."""
-
-    on_session: Callable[[str], None]
-    on_event: Callable[[Event], None] | None = None
-    # Called with the context size after each main-thread turn; returning True asks the
-    # attempt to stop at this message boundary (a handoff is due).
-    on_context: Callable[[int, bool], bool] | None = None
-    texts: list[str] = field(default_factory=list)
+def options_for(call: StepCall, seat: Seat) -> Any:
+    """The SDK options one attempt of ``call`` starts its CLI with."""
+    return build_options(
+        call.spec,
+        cwd=seat.workspace,
+        session_store=seat.store,
+        resume=call.resume,
+        fork=call.fork,
+        resume_at=call.resume_at,
+        portable=seat.portable,
+    )
 
 
 class AttemptState:
     """Folds SDK messages into a StepResult."""
 
-    def __init__(self, label: str, watch: AttemptWatch) -> None:
-        self.result = StepResult(step=label, started_at=time.time(), attempts=1)
+    def __init__(self, call: StepCall, watch: Watch) -> None:
+        self.result = StepResult(step=call.label, started_at=time.time(), attempts=call.attempt)
         self.watch = watch
-        self.stop_requested = False
+        self.stop_at = call.stop_at
+        self.stop_requested = False  # the loop's reader interrupts the CLI when it sees this
+        self.stopped_for_handoff = False
         self.last_text = ""
         self.api_error: str | None = None
 
@@ -84,15 +144,18 @@ class AttemptState:
             return
         if texts:
             self.last_text = "\n".join(texts)
-            if self.watch.on_event:
-                self.watch.on_event(Event("text", self.result.step, {"text": self.last_text}))
+            self.watch.on_event(Event("text", self.result.step, {"text": self.last_text}))
         used = context_of(msg.usage)
-        if used and self.watch.on_context:
-            final = msg.stop_reason == "end_turn"
-            if self.watch.on_context(used, final):
-                self.stop_requested = True
         if used:
-            self.result.context = used
+            self.saw_context(used, final=msg.stop_reason == "end_turn")
+
+    def saw_context(self, used: int, *, final: bool) -> None:
+        """One main-thread turn's context size: report it; past ``stop_at`` stop for a handoff
+        (never on a final turn: the step is done anyway)."""
+        self.result.context = used
+        self.watch.on_event(Event("context", self.result.step, {"used": used, "final": final}))
+        if self.stop_at is not None and used >= self.stop_at and not final:
+            self.stop_requested = self.stopped_for_handoff = True
 
     def _see_result(self, msg: Any) -> None:
         r = self.result
@@ -108,6 +171,15 @@ class AttemptState:
             r.error = None
             r.text = msg.result if msg.result is not None else self.last_text
 
+    def finish(self) -> StepResult:
+        r = self.result
+        if not r.ok and self.stopped_for_handoff:
+            r.error = HANDOFF_DUE
+        elif not r.ok and not r.error:
+            r.error = self.api_error or "the CLI ended without a result"
+        r.ended_at = time.time()
+        return r
+
 
 def _error_text(msg: Any, api_error: str | None) -> str:
     """One line describing a failed ResultMessage, preferring the CLI's own words."""
@@ -121,99 +193,91 @@ def _error_text(msg: Any, api_error: str | None) -> str:
     return text
 
 
-Closer = Callable[[], Awaitable[None]]
+class SdkAttempt:
+    """One SDK client session: :meth:`connect`, :meth:`run` the prompt, :meth:`close`.
 
-
-async def run_attempt(
-    options: Any,
-    prompt: str,
-    state: AttemptState,
-    *,
-    on_client: Callable[[Any], None],
-    defer_close: list[Closer] | None = None,
-) -> StepResult:
-    """Run one SDK client session to its result; exceptions become the attempt's error.
-
-    ``on_client`` receives the connected client (and None when done) so an interrupt can
-    reach it from another task. Whatever the CLI leaves running when it is gone (a tool
-    still working when the CLI was killed) is ended before this returns.
-
-    With ``defer_close``, a successful attempt does not wait for the CLI to shut down
-    (about 40 ms: it flushes the transcript and exits); its closer is appended there for
-    the caller to await after it has reported the result.
+    Errors of the CLI or the network become the attempt's ``error``; a crash (:func:`is_crash`)
+    raises :class:`~flower.AttemptCrash` from :meth:`run`, even one that happened while
+    connecting. Between ``connect`` and ``close`` it is the attempt's interrupt handle.
     """
-    from claude_agent_sdk import ClaudeSDKClient
 
-    tag = secrets.token_hex(8)
-    client = ClaudeSDKClient(replace(options, env={**options.env, ATTEMPT_TAG: tag}))
-    try:
-        await client.connect()
-        on_client(client)
-        await client.query(prompt)
-        async for msg in client.receive_response():
-            state.see(msg)
-            if state.stop_requested:
-                state.stop_requested = False
-                await client.interrupt()
-    except Exception as exc:  # noqa: BLE001 - a broken attempt is a result, not a crash
-        state.result.ok = False
-        state.result.error = state.result.error or f"{type(exc).__name__}: {exc}"
-    finally:
-        on_client(None)
-        if defer_close is not None and state.result.ok:
-            defer_close.append(lambda: _close(client, tag, sweep=False))
+    def __init__(
+        self, call: StepCall, seat: Seat, watch: Watch, *, procs: ProcessTree | None = None
+    ) -> None:
+        self.call = call
+        self.watch = watch
+        self.procs = procs or PROCS
+        self.state = AttemptState(call, watch)  # replaced by run(), which has the whole call
+        self.tag = secrets.token_hex(8)
+        self._seat = seat
+        self._client: Any = None
+        self._failed: BaseException | None = None  # what went wrong while connecting
+
+    async def connect(self) -> None:
+        """Start the CLI with the call's options (about 0.4 s); never raises but cancellation."""
+        from claude_agent_sdk import ClaudeSDKClient
+
+        try:
+            options = options_for(self.call, self._seat)
+            client = ClaudeSDKClient(replace(options, env={**options.env, ATTEMPT_TAG: self.tag}))
+            self._client = client
+            await client.connect()
+        except Exception as exc:  # noqa: BLE001 - reported by run(), sorted by is_crash
+            self._failed = exc
+            return
+        self.watch.on_handle(self)
+
+    async def interrupt(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):  # the turn may have just ended
+                await self._client.interrupt()
+
+    async def run(self, call: StepCall | None = None) -> StepResult:
+        """Send the call's prompt and read the session to its result.
+
+        ``call`` is the attempt to run when it was not fully known at :meth:`connect` (a
+        prepared step child learns its prompt, number and ``stop_at`` only then); it must
+        start the CLI exactly as the call given to the constructor did.
+        """
+        call = call or self.call
+        assert call.same_session_as(self.call), "run() of a call the CLI was not started for"
+        state = self.state = AttemptState(call, self.watch)
+        try:
+            if self._failed is not None:
+                raise self._failed
+            await self._client.query(call.prompt)
+            async for msg in self._client.receive_response():
+                state.see(msg)
+                if state.stop_requested:
+                    state.stop_requested = False
+                    await self._client.interrupt()
+        except Exception as exc:  # noqa: BLE001 - sorted: the attempt's error, or a crash
+            if is_crash(exc):
+                raise crash_of(exc) from exc
+            state.result.ok = False
+            state.result.error = state.result.error or f"{type(exc).__name__}: {exc}"
+        return state.finish()
+
+    async def close(self, *, defer: list[Closer] | None = None) -> None:
+        """Shut the CLI down; after a failure also end whatever it left running.
+
+        A CLI that answered exits on its own and takes its tool shells with it (about 40 ms),
+        so the scan of the process table is only paid when something went wrong. With
+        ``defer``, a successful attempt's shutdown is appended there instead of awaited.
+        """
+        self.watch.on_handle(None)
+        client, self._client = self._client, None
+        if client is None and self._failed is None:
+            return
+        if defer is not None and self.state.result.ok:
+            defer.append(lambda: _shut(client, self.tag, self.procs, sweep=False))
         else:
-            await _close(client, tag, sweep=True)
-    r = state.result
-    if not r.ok and not r.error:
-        r.error = state.api_error or "the CLI ended without a result"
-    r.ended_at = time.time()
-    return r
+            await _shut(client, self.tag, self.procs, sweep=True)
 
 
-async def _close(client: Any, tag: str, *, sweep: bool) -> None:
-    """Shut the CLI down; after a failed attempt also end what it left running.
-
-    A CLI that answered and exits normally takes its tool shells with it, so the scan of
-    the process table (several ms) is only paid when something went wrong.
-    """
-    with contextlib.suppress(Exception):  # the CLI may already be gone
-        await client.disconnect()
+async def _shut(client: Any, tag: str, procs: ProcessTree, *, sweep: bool) -> None:
+    if client is not None:
+        with contextlib.suppress(Exception):  # the CLI may already be gone
+            await client.disconnect()
     if sweep:
-        await asyncio.to_thread(end_leftovers, tag)
-
-
-# Every process of one attempt (the CLI and the tool shells it starts) inherits this variable
-# with a value unique to the attempt. Measured: SIGKILL of the CLI mid-tool leaves the tool's
-# shell running, re-parented away from us, where a process-tree walk no longer finds it.
-ATTEMPT_TAG = "FLOWER_ATTEMPT"
-
-
-def leftovers(tag: str) -> list[psutil.Process]:
-    """Live processes (other than this one) carrying ``ATTEMPT_TAG=tag`` in their environment."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.environ().get(ATTEMPT_TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue  # gone meanwhile, or not ours to read
-    return found
-
-
-def end_leftovers(tag: str, timeout: float = 3.0) -> int:
-    """SIGKILL what an attempt left running once its CLI is gone; returns how many.
-
-    A tool that outlived its CLI would otherwise go on writing files while the resumed
-    session works on them.
-    """
-    victims = leftovers(tag)
-    for proc in victims:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(victims, timeout=timeout)
-    return len(victims)
+        await asyncio.to_thread(procs.end_leftovers, tag)

@@ -28,7 +28,7 @@ from typing import Any
 from filelock import FileLock
 
 from .._errors import RunDirBusy
-from .fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
+from ..util.fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
 from .manifest import deferred_signals
 from .registry import Registry
 

@@ -1,4 +1,6 @@
-"""The attempt loop inside ``Runtime.run`` (seed 003): four exits.
+"""The step loop: one step run to its result, above whichever placement runs its attempts.
+
+Four exits (seed 003, ``Runtime.run``):
 
 1. success → done;
 2. a person interrupted → resume the same session with what they said + INTERRUPT_NOTE
@@ -6,11 +8,16 @@
 3. the context is full → the same session writes a handoff, a fresh session continues with
    it (no attempt used; at most ``max_generations`` times);
 4. a retryable failure → wait for the network, back off, resume the same session with the
-   neutral resume prompt (one attempt used).
+   neutral resume prompt (one attempt used). Attempts are counted by tenacity, once, for
+   every placement: a step child that dies is one more failed attempt, like a 529.
 
-An interrupt that arrives while no CLI runs (during a backoff, or while the handoff is being
-written) ends the wait at once; what the person said goes with the next attempt's prompt.
-The same code runs in-process and in a supervisor's step child.
+A crash (:class:`~flower.AttemptCrash`: a bug in flower, a spec the SDK rejects) stops the
+step at once: no retry, no network probe. An interrupt that arrives while no attempt runs
+(during a backoff, or while a handoff is written) ends the wait at once; what the person said
+goes with the next attempt's prompt.
+
+The loop owns no process and touches no file but the handoff note: it gets its placement,
+policies, interrupts and callbacks from ``Runtime.run``.
 """
 
 from __future__ import annotations
@@ -18,302 +25,334 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..docs.handoff import HANDOFF_PROMPT, Handoff, degraded, is_overflow
-from .result import Event, StepResult
+import tenacity
 
-if TYPE_CHECKING:
-    from .agent import AgentSpec
-    from .runtime import OnEvent, Runtime
+from .._errors import AttemptCrash
+from ..docs.handoff import HANDOFF_PROMPT, Handoff, degraded
+from ..util.overflow import is_overflow
+from .call import StepCall
+from .interrupts import Interrupts
+from .placement import Placement, Seat, Watch
+from .resilience import Resilience
+from .result import HANDOFF_DUE, INTERRUPTED, Event, StepResult
+from .window import HandoffPolicy
 
-ONLINE, OFFLINE, INTERRUPTED = "online", "offline", "interrupted"
+OnEvent = Callable[[Event], None]
+
+INTERRUPT_NOTE = (
+    "(这是人在运行中按 Ctrl-C 打断后说的话。当时在飞的工具调用如果返回 interrupted,"
+    "那是打断的正常副作用,不是环境故障,不用排查;按这句话调整,然后接着做。)"
+)
+
+
+class _Offline(Exception):
+    """The network stayed down past ``max_offline_wait``: the step stops."""
 
 
 @dataclass
-class Course:
-    """What the next attempt sends, and which session it continues.
+class StepHooks:
+    """What the loop reports to its Runtime besides events."""
 
-    ``seen`` is the session this step's attempts have been writing to (None until an attempt
-    reports one, and again right after a handoff). Only a seen session is resumed after a
-    failure: before that, the failed request is simply made again (a fork is forked again,
-    never resumed in the parent it was meant to leave alone).
-    """
-
-    prompt: str
-    resume: str | None
-    fork: bool
-    at: str | None = None
-    seen: str | None = None
-
-    def carry_on(self, prompt: str) -> None:
-        """Continue the seen session with ``prompt``."""
-        self.prompt, self.resume, self.fork, self.at = prompt, self.seen, False, None
-
-    def fresh(self, prompt: str) -> None:
-        """Start a new session with ``prompt`` (a handoff's successor)."""
-        self.prompt, self.resume, self.fork, self.at, self.seen = prompt, None, False, None, None
+    on_session: Callable[[str], None]
+    on_attempt: Callable[[int], None]
 
 
-async def execute(
-    rt: Runtime,
-    spec: AgentSpec,
-    prompt: str,
-    *,
-    label: str,
-    resume: str | None,
-    fork: bool,
-    resume_at: str | None,
-    on_event: OnEvent | None,
-) -> StepResult:
-    """Run one step to its result: attempts until success or a reason to stop."""
-    res = StepResult(step=label, session_id=resume, started_at=time.time())
-    rt._ctx, rt._warned = 0, False
-    course = Course(prompt, resume, fork, resume_at)
-    attempt = 0
-    while True:
-        attempt += 1
-        if rt._interrupted:  # arrived while no CLI was running
-            course.prompt = f"{course.prompt}\n\n{await _words(rt)}"
-        out = await rt._attempt(
-            spec,
-            course.prompt,
-            label=label,
-            resume=course.resume,
-            fork=course.fork,
-            resume_at=course.at,
-            on_event=on_event,
+class StepLoop:
+    """One ``Runtime.run``: attempts until success or a reason to stop."""
+
+    def __init__(
+        self,
+        call: StepCall,
+        *,
+        placement: Placement,
+        seat: Seat,
+        resilience: Resilience,
+        handoff: HandoffPolicy,
+        interrupts: Interrupts,
+        notes_dir: Path | None,
+        hooks: StepHooks,
+        on_event: OnEvent | None,
+    ) -> None:
+        self.task = call  # what the step was asked to do (a handoff's successor needs it)
+        self.placement, self.seat = placement, seat
+        self.resilience, self.handoff = resilience, handoff
+        self.interrupts, self.notes_dir, self.hooks = interrupts, notes_dir, hooks
+        self.on_event = on_event
+        self.result = StepResult(step=call.label, session_id=call.resume, started_at=time.time())
+        self.next = call.attempting(stop_at=self._stop_at())  # the next attempt to make
+        self.seen: str | None = None  # the session this step's attempts have written to
+        self.attempt = 0
+        self.ctx, self.warned = 0, False
+        self._retryable = False
+
+    # -- the whole step -------------------------------------------------------------------
+
+    async def run(self) -> StepResult:
+        res = self.result
+        policy = self.resilience
+        retrying = policy.backoff(
+            stop=tenacity.stop_after_attempt(policy.max_attempts if policy.enabled else 1),
+            wait=lambda state: policy.delay_for(state.attempt_number),
+            retry=tenacity.retry_if_result(lambda _: self._retryable),
+            before=self._before_attempt,
+            before_sleep=self._before_retry,
+            sleep=self._pause,
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
         )
-        _merge(res, out)
-        course.seen = out.session_id or course.seen
+        try:
+            await retrying(self._counted_attempt)
+        except _Offline as gave_up:
+            res.error = f"{res.error}\n{gave_up}"
+        except AttemptCrash as crash:
+            res.ok, res.error = False, crash.one_line()
+            res.errors.append(res.error)
+        res.attempts = max(1, self.attempt)
+        res.context = self.ctx
+        res.ended_at = time.time()
+        return res
+
+    def _before_attempt(self, state: tenacity.RetryCallState) -> None:
+        self.attempt = state.attempt_number
+        self.next = self.next.attempting(attempt=self.attempt)
+        self.hooks.on_attempt(self.attempt)
+
+    async def _counted_attempt(self) -> StepResult:
+        """Attempts until one counts: a success, or a failure that is not an interrupt or a
+        handoff. Sets ``_retryable`` for the retry policy."""
+        self._retryable = False
+        while True:
+            if self.interrupts.requested:  # arrived while no attempt was running
+                self.next = self.next.attempting(prompt=f"{self.next.prompt}\n\n{await self._words()}")
+            out = await self._attempt(self.next, self._watch())
+            self._merge(out)
+            self.seen = out.session_id or self.seen
+            if out.ok:
+                return out
+            if out.error == INTERRUPTED:
+                if not await self._heard():
+                    return out
+            elif self._handoff_due(out):
+                if not await self._next_generation(out):
+                    return out
+            else:
+                self.result.errors.append(out.error or "unknown error")
+                self._retryable = self.resilience.should_retry(out.error or "")
+                return out
+
+    async def _attempt(self, call: StepCall, watch: Watch) -> StepResult:
+        out = await self.placement.attempt(call, self.seat, watch)
+        if self.interrupts.requested:
+            out.ok, out.error = False, INTERRUPTED
+        return out
+
+    def _watch(self, *, quiet: bool = False) -> Watch:
+        return Watch(
+            on_session=self._session_seen,
+            on_event=_ignore if quiet else self._on_attempt_event,
+            on_handle=self.interrupts.attach,
+        )
+
+    def _session_seen(self, sid: str) -> None:
+        """An attempt's session id, the instant it is known (rescue() writes it, too)."""
+        self.result.session_id = self.seen = sid
+        self.hooks.on_session(sid)
+
+    def _merge(self, out: StepResult) -> None:
+        """Fold one attempt into the step's result."""
+        res = self.result
+        if out.session_id:
+            res.session_id = out.session_id
+        res.cost_usd += out.cost_usd
+        res.num_turns += out.num_turns
+        res.ok, res.error = out.ok, out.error
         if out.ok:
-            break
-        if out.error == rt.INTERRUPTED:
-            if not await _heard(rt, course):
-                break
-            attempt -= 1  # an interrupt is not a failed attempt
-        elif _handoff_due(rt, course, out):
-            if not await _next_generation(rt, spec, label, res, prompt, out, course, on_event):
-                break
-            attempt -= 1  # neither is a handoff
-        else:
-            res.errors.append(out.error or "unknown error")
-            if not await _retry(rt, label, attempt, res, out, course, on_event):
-                break
-    res.attempts = max(1, attempt)
-    res.context = rt._ctx
-    res.ended_at = time.time()
-    return res
+            res.text = out.text
 
+    def _emit(self, kind: str, payload: dict[str, Any]) -> None:
+        if self.on_event:
+            self.on_event(Event(kind, self.result.step, payload))
 
-def _merge(res: StepResult, out: StepResult) -> None:
-    """Fold one attempt into the step's result."""
-    if out.session_id:
-        res.session_id = out.session_id
-    res.cost_usd += out.cost_usd
-    res.num_turns += out.num_turns
-    res.ok, res.error = out.ok, out.error
-    if out.ok:
-        res.text = out.text
+    # -- events from the attempt; the context watermark -----------------------------------
 
+    def _on_attempt_event(self, event: Event) -> None:
+        if event.kind != "context":
+            if self.on_event:
+                self.on_event(event)
+            return
+        used = int(event.payload.get("used") or 0)
+        self.ctx = used
+        self._emit("context", {"used": used, "window": self.handoff.window})
+        if self.handoff.enabled and used >= self.handoff.warn_at and not self.warned:
+            self.warned = True
+            self._emit("handoff", {"phase": "near", "used": used, "window": self.handoff.window})
 
-# --- exit 2: a person interrupted ---------------------------------------------------------
+    def _stop_at(self) -> int | None:
+        return self.handoff.at if self.handoff.enabled else None
 
+    # -- exit 2: a person interrupted -----------------------------------------------------
 
-async def _words(rt: Runtime) -> str:
-    """What the person said (waiting for it if need be), with INTERRUPT_NOTE after it."""
-    said = await rt.take_interrupt_text()
-    return f"{said}\n\n{rt.INTERRUPT_NOTE}" if said else rt.INTERRUPT_NOTE
+    async def _words(self) -> str:
+        """What the person said (waiting for it if need be), with INTERRUPT_NOTE after it."""
+        said = await self.interrupts.take()
+        return f"{said}\n\n{INTERRUPT_NOTE}" if said else INTERRUPT_NOTE
 
-
-async def _heard(rt: Runtime, course: Course) -> bool:
-    """Resume the same session with the person's words; False without a session to resume."""
-    words = await _words(rt)
-    if not course.seen:
-        return False
-    course.carry_on(words)
-    return True
-
-
-# --- exit 3: the context is full ----------------------------------------------------------
-
-
-def _handoff_due(rt: Runtime, course: Course, out: StepResult) -> bool:
-    if out.error == rt.HANDOFF_DUE:
-        return True
-    return bool(rt.handoff.enabled and course.seen and out.error and is_overflow(out.error))
-
-
-async def _next_generation(
-    rt: Runtime,
-    spec: AgentSpec,
-    label: str,
-    res: StepResult,
-    task: str,
-    out: StepResult,
-    course: Course,
-    on_event: OnEvent | None,
-) -> bool:
-    """Retire the full session for a fresh one carrying its handoff; False past the limit."""
-    step = _step_of(label)
-    if len(res.retired) >= rt.handoff.max_generations:
-        res.error = _too_many_generations(rt, step, len(res.retired))
-        return False
-    old = course.seen
-    assert old is not None  # _handoff_due holds only for a seen session
-    h = await _hand_off(rt, spec, label, old, res, task, out, on_event)
-    res.retired.append(old)
-    course.fresh(h.prompt_block())
-    rt._ctx, rt._warned = 0, False
-    return True
-
-
-def _step_of(label: str) -> str:
-    """The step a label belongs to (``干活#round2`` → ``干活``): handoffs are per step."""
-    return label.split("#")[0]
-
-
-def _too_many_generations(rt: Runtime, step: str, n: int) -> str:
-    where = rt.notes_dir / f"交接-{step}.md" if rt.notes_dir else None
-    last = f"最近一份交接书在 {where}" if where and where.exists() else "交接书没有落盘"
-    return (
-        f"上下文已换代 {n} 次仍未做完(max_generations={rt.handoff.max_generations}),"
-        f"停下来等人看一眼:{last}"
-    )
-
-
-async def _hand_off(
-    rt: Runtime,
-    spec: AgentSpec,
-    label: str,
-    old: str,
-    res: StepResult,
-    task: str,
-    out: StepResult,
-    on_event: OnEvent | None,
-) -> Handoff:
-    """Have the full session write its handoff (or make a degraded one), save it, report it."""
-    step = _step_of(label)
-    if on_event:
-        on_event(Event("handoff", label, {"phase": "writing", "used": rt._ctx}))
-    h: Handoff | None = None
-    if out.error == rt.HANDOFF_DUE:
-        h, why = await _ask_for_handoff(rt, spec, label, old, res)
-    else:
-        why = out.error or ""  # the API refused the prompt: the session cannot write one
-    was_degraded = h is None
-    if h is None:
-        h = degraded(step, task, why=why)
-    h.step = step
-    path = _save(rt, h, step)
-    if on_event:
-        payload: dict[str, Any] = {
-            "phase": "done",
-            "degraded": was_degraded,
-            "path": str(path) if path else None,
-            "sections": [
-                k for k in ("doing", "decided", "deadends", "next", "scene") if getattr(h, k)
-            ],
-        }
-        on_event(Event("handoff", label, payload))
-    return h
-
-
-async def _ask_for_handoff(
-    rt: Runtime, spec: AgentSpec, label: str, old: str, res: StepResult
-) -> tuple[Handoff | None, str]:
-    """Send HANDOFF_PROMPT to the full session: budget lifted, no UI events, no context watch."""
-    prompt = HANDOFF_PROMPT.format(used=rt._ctx, window=rt.handoff.window)
-    out = await rt._attempt(
-        rt.budget_lifted(spec),
-        prompt,
-        label=label,
-        resume=old,
-        fork=False,
-        resume_at=None,
-        on_event=None,
-        watch_context=False,
-    )
-    res.cost_usd += out.cost_usd
-    res.num_turns += out.num_turns
-    if not out.ok:
-        return None, out.error or "handoff turn failed"
-    h = Handoff.parse(out.text)
-    if not h.complete():
-        return None, "交接书缺了必填段:" + "、".join(h.missing())
-    return h, ""
-
-
-def _save(rt: Runtime, h: Handoff, step: str) -> Path | None:
-    """``<notes>/交接-<step>.md`` (the previous one archived); nowhere without a workbench."""
-    notes = rt.notes_dir
-    if notes is None:
-        return None
-    path = notes / f"交接-{step}.md"
-    try:
-        return h.write(path)
-    except OSError:
-        return None
-
-
-# --- exit 4: a retryable failure ----------------------------------------------------------
-
-
-async def _retry(
-    rt: Runtime,
-    label: str,
-    attempt: int,
-    res: StepResult,
-    out: StepResult,
-    course: Course,
-    on_event: OnEvent | None,
-) -> bool:
-    """Wait and set up the next attempt; False when this failure ends the step."""
-    policy = rt.resilience
-    error = out.error or ""
-    if not policy.enabled or attempt >= policy.max_attempts or not policy.should_retry(error):
-        return False
-    if await _back_off(rt, label, attempt, error, on_event) == OFFLINE:
-        res.error = f"{error}\n(等了 {policy.max_offline_wait:.0f} 秒网络仍不通,停下)"
-        return False
-    if course.seen:
-        course.carry_on(policy.resume_prompt)
-        res.resumed = True
-    return True
-
-
-async def _back_off(
-    rt: Runtime, label: str, attempt: int, error: str, on_event: OnEvent | None
-) -> str:
-    """Wait for the network, then the backoff delay: ONLINE, OFFLINE, or INTERRUPTED early."""
-    policy = rt.resilience
-    delay = policy.delay_for(attempt)
-    if on_event:
-        payload = {"attempt": attempt, "delay": round(delay, 1), "kind": policy.classify(error)}
-        on_event(Event("retry", label, payload))
-
-    def offline(elapsed: float) -> None:  # one event per failed probe: the terminal shows the wait
-        if on_event:
-            on_event(
-                Event(
-                    "offline", label, {"elapsed": round(elapsed), "interval": policy.probe_interval}
-                )
-            )
-
-    async def wait() -> bool:
-        if not await policy.wait_online(on_wait=offline):
+    async def _heard(self) -> bool:
+        """Resume the same session with the person's words; False without a session."""
+        words = await self._words()
+        if not self.seen:
             return False
-        await asyncio.sleep(delay)
+        self._carry_on(words)
         return True
 
-    return await _unless_interrupted(rt, wait())
+    def _carry_on(self, prompt: str) -> None:
+        """Continue the seen session with ``prompt``."""
+        self.next = self.next.attempting(prompt=prompt, resume=self.seen, fork=False, resume_at=None)
+
+    # -- exit 3: the context is full ------------------------------------------------------
+
+    def _handoff_due(self, out: StepResult) -> bool:
+        if out.error == HANDOFF_DUE:
+            return True
+        return bool(self.handoff.enabled and self.seen and out.error and is_overflow(out.error))
+
+    async def _next_generation(self, out: StepResult) -> bool:
+        """Retire the full session for a fresh one carrying its handoff; False past the limit."""
+        res = self.result
+        if len(res.retired) >= self.handoff.max_generations:
+            res.error = self._too_many_generations(len(res.retired))
+            return False
+        old = self.seen
+        assert old is not None  # _handoff_due holds only for a seen session
+        h = await self._hand_off(old, out)
+        res.retired.append(old)
+        self.next = self.next.attempting(
+            prompt=h.prompt_block(), resume=None, fork=False, resume_at=None
+        )
+        self.seen = None
+        self.ctx, self.warned = 0, False
+        return True
+
+    def _too_many_generations(self, n: int) -> str:
+        where = self.notes_dir / f"交接-{self.task.step}.md" if self.notes_dir else None
+        last = f"最近一份交接书在 {where}" if where and where.exists() else "交接书没有落盘"
+        return (
+            f"上下文已换代 {n} 次仍未做完(max_generations={self.handoff.max_generations}),"
+            f"停下来等人看一眼:{last}"
+        )
+
+    async def _hand_off(self, old: str, out: StepResult) -> Handoff:
+        """Have the full session write its handoff (or make a degraded one), save it, report it."""
+        step = self.task.step
+        self._emit("handoff", {"phase": "writing", "used": self.ctx})
+        h: Handoff | None = None
+        if out.error == HANDOFF_DUE:
+            h, why = await self._ask_for_handoff(old)
+        else:
+            why = out.error or ""  # the API refused the prompt: the session cannot write one
+        was_degraded = h is None
+        if h is None:
+            h = degraded(step, self.task.prompt, why=why)
+        h.step = step
+        path = self._save(h)
+        sections = [k for k in ("doing", "decided", "deadends", "next", "scene") if getattr(h, k)]
+        self._emit(
+            "handoff",
+            {
+                "phase": "done",
+                "degraded": was_degraded,
+                "path": str(path) if path else None,
+                "sections": sections,
+            },
+        )
+        return h
+
+    async def _ask_for_handoff(self, old: str) -> tuple[Handoff | None, str]:
+        """Send HANDOFF_PROMPT to the full session: budget lifted, no events, no context watch."""
+        from dataclasses import replace
+
+        call = self.next.attempting(
+            spec=replace(self.next.spec, max_budget_usd=None),
+            prompt=HANDOFF_PROMPT.format(used=self.ctx, window=self.handoff.window),
+            resume=old,
+            fork=False,
+            resume_at=None,
+            stop_at=None,
+        )
+        out = await self._attempt(call, self._watch(quiet=True))
+        self.result.cost_usd += out.cost_usd
+        self.result.num_turns += out.num_turns
+        if not out.ok:
+            return None, out.error or "handoff turn failed"
+        h = Handoff.parse(out.text)
+        if not h.complete():
+            return None, "交接书缺了必填段:" + "、".join(h.missing())
+        return h, ""
+
+    def _save(self, h: Handoff) -> Path | None:
+        """``<notes>/交接-<step>.md`` (the previous one archived); nowhere without a workbench."""
+        if self.notes_dir is None:
+            return None
+        try:
+            return h.write(self.notes_dir / f"交接-{self.task.step}.md")
+        except OSError:
+            return None
+
+    # -- exit 4: a retryable failure ------------------------------------------------------
+
+    def _before_retry(self, state: tenacity.RetryCallState) -> None:
+        """A counted attempt failed and will be retried: say so, and resume what it wrote."""
+        error = self.result.error or ""
+        delay = state.next_action.sleep if state.next_action else 0.0
+        payload = {
+            "attempt": state.attempt_number,
+            "delay": round(delay, 1),
+            "kind": self.resilience.classify(error),
+            "error": error.splitlines()[0][:200] if error else "",
+        }
+        self._emit("retry", payload)
+        if self.seen:
+            self._carry_on(self.resilience.resume_prompt)
+            self.result.resumed = True
+
+    async def _pause(self, delay: float) -> None:
+        """Wait for the network, then ``delay`` seconds; an interrupt ends either at once."""
+        policy = self.resilience
+
+        def offline(elapsed: float) -> None:  # one event per failed probe: the terminal shows it
+            self._emit("offline", {"elapsed": round(elapsed), "interval": policy.probe_interval})
+
+        async def wait() -> bool:
+            if not await policy.wait_online(on_wait=offline):
+                return False
+            await asyncio.sleep(delay)
+            return True
+
+        if await self._unless_interrupted(wait()) is False:
+            raise _Offline(f"(等了 {policy.max_offline_wait:.0f} 秒网络仍不通,停下)")
+
+    async def _unless_interrupted(self, wait: Awaitable[bool]) -> bool | None:
+        """``wait``'s answer, or None when an interrupt ended it first."""
+        waiting = _Waiting()
+        task = asyncio.ensure_future(wait)
+        self.interrupts.attach(waiting)  # delivers an interrupt that is already pending, too
+        try:
+            done, _ = await asyncio.wait({task, waiting.woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.interrupts.attach(None)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return task.result() if task in done else None
 
 
 class _Waiting:
-    """Stands in for the CLI client while the loop waits, so an interrupt ends the wait."""
+    """Stands in for an attempt while the loop waits, so an interrupt ends the wait."""
 
     def __init__(self) -> None:
         self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -323,18 +362,5 @@ class _Waiting:
             self.woken.set_result(None)
 
 
-async def _unless_interrupted(rt: Runtime, wait: Awaitable[bool]) -> str:
-    waiting = _Waiting()
-    task = asyncio.ensure_future(wait)
-    rt._set_client(waiting)  # delivers an interrupt that is already pending, too
-    try:
-        done, _ = await asyncio.wait({task, waiting.woken}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        rt._set_client(None)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task in done:
-        return ONLINE if task.result() else OFFLINE
-    return INTERRUPTED
+def _ignore(event: Event) -> None:
+    return None

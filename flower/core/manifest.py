@@ -38,7 +38,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from .fsutil import FILE_MODE, atomic_write_text, open_private, private_dir, set_aside
+from ..util.fsutil import FILE_MODE, atomic_write_text, open_private, private_dir, set_aside
 from .result import StepResult
 
 log = logging.getLogger("flower")

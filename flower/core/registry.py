@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from .fsutil import atomic_write_text, private_dir
+from ..util.fsutil import atomic_write_text, private_dir
 
 FLOWERS_DIRNAME = "flowers"
 

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import tenacity
 from tenacity.wait import wait_base
 
-from flower.docs.handoff import is_overflow
+from flower.util.overflow import is_overflow
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 
@@ -120,7 +120,7 @@ def classify(text: str) -> str:
     Fatal is checked first: an authentication, permission or billing failure whose text also
     mentions a connection is still fatal. A context overflow ("Prompt is too long", …) is fatal
     *for retrying* (the same prompt cannot fit next time); the runtime checks
-    :func:`flower.docs.handoff.is_overflow` before calling this and hands off instead.
+    :func:`flower.util.overflow.is_overflow` before calling this and hands off instead.
     """
     text = text or ""
     if is_overflow(text) or _FATAL.search(text):

@@ -6,6 +6,13 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+#: ``StepResult.error`` of an attempt a person interrupted (Ctrl-C once).
+INTERRUPTED = "interrupted-by-human"
+#: ``StepResult.error`` of an attempt that stopped itself because a handoff is due.
+HANDOFF_DUE = "context-full-handoff"
+#: ``StepResult.error`` of the step in flight when SIGTERM/SIGHUP arrived (``Runtime.rescue``).
+KILLED_BY_SIGNAL = "killed-by-signal"
+
 
 @dataclass
 class StepResult:

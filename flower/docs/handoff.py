@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flower.core.fsutil import atomic_write_text, private_dir
+from flower.util.fsutil import atomic_write_text, private_dir
+from flower.util.overflow import is_overflow
 
 # field name -> the heading written by to_markdown(), then accepted aliases.
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -49,11 +50,6 @@ _HEADING = re.compile(
 _TITLE = re.compile(r"^\s{0,3}#\s*交接书?\s*(?:[·:：\-—]\s*(?P<step>.*\S))?\s*$")
 _FENCE = re.compile(r"^\s{0,3}(?P<mark>`{3,}|~{3,})(?P<info>.*)$")
 _MARKDOWN_INFO = {"markdown", "md"}
-_OVERFLOW = re.compile(
-    r"prompt is too long|context[ _]length[ _]exceeded|maximum context length"
-    r"|too many total text bytes|input length and `?max_tokens`? exceed",
-    re.IGNORECASE,
-)
 
 HANDOFF_PROMPT = """\
 你的上下文已经用了 {used} / {window} tokens,快满了。这一步接下来会换一条全新的会话接手,它看不到你现在的上下文,只能读到你现在写的交接书。
@@ -76,14 +72,6 @@ HANDOFF_PROMPT = """\
 接手的人要知道的现场:改过哪些文件、产出和笔记在哪、跑到一半的命令、还没提交的改动。
 
 只写这五段,段外不要加别的内容。"""
-
-
-def is_overflow(*texts: str | None) -> bool:
-    """True if any text says the context overflowed ("prompt is too long" and kin).
-
-    Turns the API's hard error into "hand off now" instead of a retry that cannot succeed.
-    """
-    return any(t and _OVERFLOW.search(t) for t in texts)
 
 
 @dataclass

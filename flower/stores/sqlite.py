@@ -67,7 +67,7 @@ from tenacity import (
 )
 
 from .._errors import FlowerError
-from ..core.fsutil import open_private, private_dir
+from ..util.fsutil import open_private, private_dir
 
 __all__ = ["BUSY_DEADLINE_S", "SessionStoreBusy", "SessionStoreError", "SqliteSessionStore"]
 

@@ -51,8 +51,8 @@ from typing import Any
 
 from claude_agent_sdk.types import SessionKey, SessionStoreEntry
 
-from ..core.ephemeral import is_ephemeral
-from ..core.fsutil import atomic_write_text, private_dir
+from ..util.ephemeral import is_ephemeral
+from ..util.fsutil import atomic_write_text, private_dir
 from .sqlite import SqliteSessionStore
 
 __all__ = [

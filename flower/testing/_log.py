@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flower.core.fsutil import open_private
+from flower.util.fsutil import open_private
 
 from ._script import all_texts
 

@@ -86,7 +86,7 @@ def registry_lock(run_dir: Path) -> Any:
     """The lock that makes "is anyone live here? then I am" atomic across processes."""
     from filelock import FileLock
 
-    from ..core.fsutil import private_dir
+    from ..util.fsutil import private_dir
 
     private_dir(run_dir)
     return FileLock(str(Path(run_dir) / "flowers.lock"), mode=0o600, timeout=30)
