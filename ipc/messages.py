@@ -152,13 +152,6 @@ class Start(Message):
     attempt: int = 1
     stop_at: int | None = None
 
-    def _rule(self) -> str | None:
-        if self.attempt < 1:
-            return f"field 'attempt' must be 1 or more, got {self.attempt}"
-        if self.stop_at is not None and self.stop_at < 0:
-            return f"field 'stop_at' must not be negative, got {self.stop_at}"
-        return None
-
 
 @dataclass(frozen=True, slots=True)
 class Interrupt(Message):

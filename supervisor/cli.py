@@ -11,12 +11,13 @@ from pathlib import Path
 
 import click
 
-from flower import FlowerError
+from flower import FlowerError, __version__
 
 RUN_DIR_HELP = "run directory holding lineage.json, manifest.json, sessions.db (default ./runs, relative to the current directory)"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="flower-super", message="%(prog)s %(version)s")
 def main() -> None:
     """flower-super: run flower workflows with one supervised child process per step.
 
@@ -37,7 +38,7 @@ def main() -> None:
 @click.option(
     "-r",
     "--run-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=Path("runs"),
     show_default=True,
     help=RUN_DIR_HELP,
@@ -90,6 +91,7 @@ def start(
             raise FlowerError(
                 f"workspace {ws} is not a directory", hint="create it first or pass -w DIR"
             )
+        check_run_dir(run_dir)
         wf = load_flow(flow_ref, ask) if flow_ref else default_flow(ask)
         args = StartArgs(
             ask=ask,
@@ -119,7 +121,7 @@ def _resume_command(flow_ref: str | None, run_dir: Path, workspace: Path | None)
 @click.option(
     "-r",
     "--run-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=Path("runs"),
     show_default=True,
     help=RUN_DIR_HELP,
@@ -135,7 +137,7 @@ def status(run_dir: Path, as_json: bool) -> None:
     try:
         report = collect(run_dir)
     except FlowerError as exc:
-        _fail(exc)
+        _fail(exc, as_json=as_json)
     if as_json:
         import json
 
@@ -185,7 +187,26 @@ def demo(keep: bool) -> None:
         _fail(exc)
 
 
-def _fail(exc: FlowerError) -> None:
+def check_run_dir(run_dir: Path) -> None:
+    """A run directory that cannot exist (it is a file, or lies under one) is a mistake."""
+    path = run_dir.expanduser().absolute()
+    for level in (path, *path.parents):
+        if level.is_dir():
+            return
+        if level.exists():
+            what = "is a file" if level == path else f"lies under {level}, which is a file"
+            raise FlowerError(
+                f"run directory {path} {what}",
+                hint="pass -r with a directory (it is created if missing), e.g. -r runs",
+            )
+
+
+def _fail(exc: FlowerError, *, as_json: bool = False) -> None:
+    if as_json:  # a script reading --json gets JSON, errors included
+        import json
+
+        click.echo(json.dumps({"error": exc.message, "hint": exc.hint}, ensure_ascii=False))
+        sys.exit(2)
     click.echo(f"flower-super: {exc.message}", err=True)
     if exc.hint:
         click.echo(f"  hint: {exc.hint}", err=True)

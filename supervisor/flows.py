@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import flower
 from flower import ConfigError
 from flower.core.agent import AgentSpec
 from flower.workflow import Step, Workflow
@@ -98,15 +99,28 @@ def _run_user_code(fn: Any, where: str) -> Any:
         ) from None
     except ConfigError:
         raise
+    except SyntaxError as exc:  # the location is the error's own, not a frame's
+        raise ConfigError(
+            f"{where} is not valid Python: {exc.msg}",
+            hint=f"at {exc.filename}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else ""),
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module raised: one line, with its location
         raise ConfigError(
             f"importing {where} failed: {type(exc).__name__}: {exc}", hint=_where_in_user_code(exc)
         ) from None
 
 
+# flower's own source and the import machinery: a frame there is never the user's mistake.
+_OURS = tuple(str(Path(m.__file__).resolve().parent) for m in (flower, sys.modules[__name__]))
+
+
 def _where_in_user_code(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if "importlib" not in f.filename]
+    user = [
+        f
+        for f in frames
+        if "importlib" not in f.filename and not str(Path(f.filename).resolve()).startswith(_OURS)
+    ]
     if not user:
         return "check the flow module"
     f = user[-1]

@@ -28,7 +28,7 @@ from flower.core.registry import INTERRUPTED, KILLED
 from flower.workflow import Workflow
 
 from .placement import Forked
-from .terminal import Terminal
+from .terminal import Terminal, show_warnings
 
 ARCHIVE_EXTRA = ("需求.md", "目标.md")
 
@@ -48,6 +48,7 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
     import claude_agent_sdk  # noqa: F401 - imported once here so forked children never pay it
 
     PROCS.become_subreaper()
+    show_warnings(term)
     rt = Runtime(
         workspace=args.workspace,
         run_dir=args.run_dir,

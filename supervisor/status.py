@@ -1,11 +1,13 @@
 """``flower-super status``: what ran in a run_dir, what is alive, what can be resumed.
 
 Reads only: the registry (``flowers/``), lineage.json and the manifest (under its lock, so
-it never sees a torn file). It never imports the SDK, so it answers at once.
+it never sees a torn file). It never imports the SDK, so it answers at once. A damaged file
+is reported (the next start sets it aside), and so is every file a start already set aside.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -13,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from flower import FlowerError
+from flower.core import lineage, manifest
 from flower.core.lineage import peek
 from flower.core.manifest import read_manifest
+from flower.stores import SESSIONS_DB
+from flower.stores.dbfile import damage as db_damage
 from flower.core.registry import (
     FAILED,
     FINISHED,
@@ -27,6 +32,8 @@ from flower.core.registry import (
 
 LAST_ROWS = 10
 RESUMABLE = "interrupted-resumable"
+# What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.
+ASIDE = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-shm)?$")
 
 
 @dataclass
@@ -66,6 +73,8 @@ class Report:
     steps: dict[str, str]
     flowers: list[FlowerView] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    damaged: list[dict[str, str]] = field(default_factory=list)  # {"file", "problem"}
+    set_aside: list[str] = field(default_factory=list)  # files a start moved aside
 
     @property
     def dead_unfinished(self) -> list[FlowerView]:
@@ -79,28 +88,61 @@ class Report:
             "steps": self.steps,
             "flowers": [f.to_json() for f in self.flowers],
             "rows": self.rows,
+            "damaged": self.damaged,
+            "set_aside": self.set_aside,
         }
 
 
 def collect(run_dir: Path) -> Report:
     run_dir = run_dir.expanduser().absolute()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FlowerError(
+            f"{run_dir} is a file, not a run directory",
+            hint="pass -r with the directory flower ran in (default ./runs)",
+        )
     if not run_dir.is_dir():
         raise FlowerError(
             f"no run directory at {run_dir}",
             hint="run from the directory you started flower in, or pass -r DIR",
         )
-    lineage = peek(run_dir)
-    records = Registry(run_dir).records()
+    state = peek(run_dir)
+    registry = Registry(run_dir)
+    records = registry.records()
     views = [_view(r, records) for r in records]
-    rows = read_manifest(run_dir)[-LAST_ROWS:]
+    problems = _damaged(run_dir, registry)
+    rows = [] if any(p["file"].endswith(manifest.MANIFEST_NAME) for p in problems) else read_manifest(run_dir)
     return Report(
         run_dir,
-        lineage.get("workspace"),
-        int(lineage.get("woke") or 0),
-        dict(lineage.get("steps") or {}),
+        state.get("workspace"),
+        int(state.get("woke") or 0),
+        dict(state.get("steps") or {}),
         views,
-        rows,
+        rows[-LAST_ROWS:],
+        problems,
+        _set_aside(run_dir, registry),
     )
+
+
+def _damaged(run_dir: Path, registry: Registry) -> list[dict[str, str]]:
+    """Every run-state file that a start would set aside, and why."""
+    found = [
+        (run_dir / lineage.LINEAGE_NAME, lineage.damage(run_dir)),
+        (run_dir / manifest.MANIFEST_NAME, manifest.damage(run_dir)),
+        (run_dir / SESSIONS_DB, db_damage(run_dir / SESSIONS_DB)),
+        *((path, "is not a flower record") for path in registry.damaged()),
+    ]
+    return [{"file": str(path), "problem": why} for path, why in found if why]
+
+
+def _set_aside(run_dir: Path, registry: Registry) -> list[str]:
+    out: list[str] = []
+    for where in (run_dir, registry.dir):
+        try:
+            names = sorted(p.name for p in where.iterdir())
+        except OSError:
+            continue
+        out += [str(where / n) for n in names if ASIDE.search(n)]
+    return out
 
 
 def _view(r: FlowerRecord, everyone: list[FlowerRecord]) -> FlowerView:
@@ -158,6 +200,16 @@ def render_text(rep: Report) -> str:
         lines.append("")
         lines.append(f"last {len(rep.rows)} manifest rows")
         lines.extend(_row_line(row) for row in rep.rows)
+    if rep.damaged:
+        lines.append("")
+        lines.extend(
+            f"! {d['file']} {d['problem']}: the next start sets it aside and starts it fresh"
+            for d in rep.damaged
+        )
+    if rep.set_aside:
+        lines.append("")
+        lines.append(f"set aside ({len(rep.set_aside)}, kept for you to look at; flower never deletes them)")
+        lines.extend(f"  {path}" for path in rep.set_aside)
     if rep.dead_unfinished:
         lines.append("")
         lines.append("unfinished: run the command shown under a dead flower to carry it on")

@@ -7,6 +7,7 @@ shown or asked arrives as ``event`` / ``ask`` messages and is rendered here.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from typing import Any, TextIO
@@ -150,6 +151,30 @@ class Terminal:
         if line and options and line.isdigit() and 1 <= int(line) <= len(options):
             return options[int(line) - 1]
         return line
+
+
+class WarningLines(logging.Handler):
+    """flower's warnings (a damaged file set aside, a lineage write that failed, …) as one
+    ``! …`` line each on the terminal: failures on the continuity path are never silent."""
+
+    def __init__(self, term: Terminal) -> None:
+        super().__init__(logging.WARNING)
+        self.term = term
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string must not take the run down
+            text = str(record.msg)
+        self.term.say("! " + " ".join(text.split("\n")))
+
+
+def show_warnings(term: Terminal) -> WarningLines:
+    """Route the ``flower`` logger's warnings to ``term`` (returns the handler)."""
+    handler = WarningLines(term)
+    logger = logging.getLogger("flower")
+    logger.addHandler(handler)
+    return handler
 
 
 def _home(path: str) -> str:

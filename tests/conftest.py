@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,3 +45,13 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
         for stream in (p.stdin, p.stdout):
             if stream:
                 stream.close()
+
+
+@pytest.fixture
+def listening_url() -> Iterator[str]:
+    """``http://127.0.0.1:<port>`` of a loopback socket that accepts connections (and never
+    answers): a reachable endpoint for the loop's network probe."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -7,6 +7,7 @@ child processes (tests/fixtures/lineage_remember.py), each reaped by the ``procs
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import stat
@@ -178,12 +179,79 @@ def test_session_gone_from_the_store_is_dropped(ws: Path, runs: Path) -> None:
     assert lin.steps == {"活的": "alive"}
 
 
-def test_a_store_that_raises_counts_as_session_gone(ws: Path, runs: Path) -> None:
+def test_a_store_that_raises_is_not_session_gone(
+    ws: Path, runs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 7: a store that cannot answer is not a session that is gone. The entry is kept
+    # (the resume will say what is wrong if the store really is broken) and one line says so.
     def broken(sid: str) -> bool:
         raise RuntimeError("database is locked")
 
     write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"干活": SID}})
-    assert Lineage(runs, ws, has_session=broken).load() == {}
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        assert Lineage(runs, ws, has_session=broken).load() == {"干活": SID}
+    (line,) = caplog.messages
+    assert "干活" in line and SID in line and "database is locked" in line and "keeping it" in line
+
+
+def test_every_fresh_start_says_why_in_one_line(
+    ws: Path, runs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Falling back quietly still happens, but never silently: one warning per case."""
+    runs.mkdir()
+    (runs / LINEAGE_NAME).write_bytes(b"{not json")
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        Lineage(runs, ws).wake()
+    (line,) = caplog.messages
+    (aside,) = runs.glob(f"{LINEAGE_NAME}.corrupt-*")
+    assert "not valid JSON" in line and str(aside) in line and "starts fresh" in line
+
+    caplog.clear()
+    write_file(runs, {"workspace": str(tmp_path / "moved"), "woke": 4, "steps": {"a": SID}})
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        Lineage(runs, ws).wake()
+    (line,) = caplog.messages
+    assert str(tmp_path / "moved") in line and "starts fresh" in line
+
+    caplog.clear()
+    write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"a": "gone-sid", "b": SID}})
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        lin = Lineage(runs, ws, has_session=lambda sid: sid != "gone-sid")
+        assert lin.wake(["a", "b"]) == 2
+    assert lin.steps == {"b": SID}
+    (line,) = caplog.messages
+    (copy,) = runs.glob(f"{LINEAGE_NAME}.gone-*")
+    assert "'a' (gone-sid)" in line and str(copy) in line and "new session" in line
+    assert json.loads(copy.read_text())["steps"]["a"] == "gone-sid"  # the old id is kept
+    assert copy.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_gone_session_of_another_flow_is_not_this_flows_business(
+    ws: Path, runs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"theirs": "gone-sid"}})
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        Lineage(runs, ws, has_session=lambda sid: False).wake(["mine"])
+    assert caplog.messages == [] and not list(runs.glob(f"{LINEAGE_NAME}.gone-*"))
+    assert on_disk(runs)["steps"] == {"theirs": "gone-sid"}  # never dropped from the file
+
+
+def test_a_failed_lineage_write_warns_once(
+    ws: Path, runs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    lin = Lineage(runs, ws)
+    lin.wake()
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("flower.core.lineage.atomic_write_text", full)
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        lin.remember("一", "sid-1")
+        lin.remember("二", "sid-2")
+    (line,) = caplog.messages
+    assert "No space left on device" in line and str(runs / LINEAGE_NAME) in line
+    assert lin.steps == {"一": "sid-1", "二": "sid-2"}  # the run goes on with what it knows
 
 
 GOOD = {"workspace": "WS", "woke": 3, "steps": {"干活": SID}}

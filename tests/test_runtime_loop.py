@@ -1,9 +1,9 @@
-"""The attempt loop of ``Runtime.run`` as pure logic: a Runtime whose ``_attempt`` is scripted.
+"""The step loop as pure logic: a Runtime whose placement returns scripted outcomes.
 
 The real loop (``flower.core.loop``), the real interrupt/reply methods and the real context
-tracking run; only the SDK session is replaced by a list of outcomes, and the network
-probe by a list of answers. The end-to-end drills against the real CLI are in
-``test_e2e_resilience.py`` and ``test_e2e_handoff.py``.
+tracking (``AttemptState.saw_context``, the loop's watermark) run; only the SDK session is
+replaced by a list of outcomes, and the network probe by a list of answers. The end-to-end
+drills against the real CLI are in ``test_e2e_resilience.py`` and ``test_e2e_handoff.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,12 @@ import pytest
 from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
 from flower.core.agent import AgentSpec
-from flower.core.attempt import ATTEMPT_TAG, AttemptState, AttemptWatch, end_leftovers, leftovers
+from flower.core.attempt import AttemptState
+from flower.core.call import StepCall
+from flower.core.interrupts import Interrupts
+from flower.core.loop import StepHooks, StepLoop
+from flower.core.placement import Seat, Watch
+from flower.core.proctree import ATTEMPT_TAG, PROCS
 from flower.core.resilience import RESUME_PROMPT, Resilience
 from flower.core.result import Event, StepResult
 from flower.core.runtime import Runtime
@@ -77,29 +82,69 @@ class Net(Resilience):
         return self.delays[-1]
 
 
-class Scripted(Runtime):
-    """A Runtime whose attempts return scripted outcomes (marked like the real ``_attempt``)."""
+class ScriptedPlacement:
+    """A placement whose attempts return scripted outcomes, keeping the placement contract:
+    it reports the session, takes interrupts while "running", reports each turn's context
+    through a real ``AttemptState`` (which decides when to stop for a handoff)."""
 
-    def __init__(self, outcomes: list[Outcome], **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self, outcomes: list[Outcome]) -> None:
         self.outcomes = list(outcomes)
         self.calls: list[Call] = []
-        self.label = ""
-        self.on_event_seen: Any = None
+        self.call: StepCall | None = None
+        self.state: AttemptState | None = None
+        self.rt: Scripted | None = None
 
-    async def _attempt(
-        self, spec, prompt, *, label, resume, fork, resume_at, on_event, watch_context=True
-    ):  # type: ignore[override]
-        self._handoff_due = False
-        self.label, self.on_event_seen = label, on_event
-        self.calls.append(Call(spec, prompt, resume, fork, resume_at, watch_context))
+    async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
+        self.call, self.state = call, AttemptState(call, watch)
+        self.calls.append(
+            Call(call.spec, call.prompt, call.resume, call.fork, call.resume_at, call.stop_at is not None)
+        )
         item = self.outcomes.pop(0)
-        out = await item(self) if callable(item) else item
-        if self._interrupted:
-            out.ok, out.error = False, self.INTERRUPTED
-        elif self._handoff_due and not out.ok:
-            out.error = self.HANDOFF_DUE
+        watch.on_handle(self)
+        try:
+            assert self.rt is not None
+            out = await item(self.rt) if callable(item) else item
+        finally:
+            watch.on_handle(None)
+        if out.session_id:
+            watch.on_session(out.session_id)
+        if self.state.stopped_for_handoff and not out.ok:
+            out.error = Runtime.HANDOFF_DUE
         return out
+
+    async def interrupt(self) -> None:
+        return None
+
+    def prepare(self, calls: Sequence[StepCall], seat: Seat) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class Scripted(Runtime):
+    """A Runtime whose attempts return scripted outcomes."""
+
+    def __init__(self, outcomes: list[Outcome], **kw: Any) -> None:
+        self.script = ScriptedPlacement(outcomes)
+        super().__init__(placement=self.script, **kw)
+        self.script.rt = self
+
+    @property
+    def calls(self) -> list[Call]:
+        return self.script.calls
+
+    @property
+    def label(self) -> str:
+        assert self.script.call is not None
+        return self.script.call.label
+
+    def turn(self, used: int, *, final: bool = False) -> bool:
+        """What the real attempt does with one turn's context: report it; True when the
+        attempt now stops because a handoff is due."""
+        assert self.script.state is not None
+        self.script.state.saw_context(used, final=final)
+        return self.script.state.stop_requested
 
 
 @pytest.fixture
@@ -307,7 +352,7 @@ def crossing(sid: str, used: int = 160_000) -> Callable[[Scripted], Awaitable[St
     """An attempt whose turn reports ``used`` tokens before it ends (not a final turn)."""
 
     async def attempt(rt: Scripted) -> StepResult:
-        if rt._context_seen(rt.label, used, False, rt.on_event_seen):
+        if rt.turn(used):
             return fail(sid, "[ede_diagnostic] aborted_tools")
         return ok(sid)
 
@@ -385,7 +430,7 @@ def test_near_is_announced_once_per_generation(make):
 
 def _fail_after_context(sid: str, used: int) -> Callable[[Scripted], Awaitable[StepResult]]:
     async def attempt(rt: Scripted) -> StepResult:
-        rt._context_seen(rt.label, used, False, rt.on_event_seen)
+        rt.turn(used)
         return fail(sid, OVERLOADED)
 
     return attempt
@@ -442,28 +487,54 @@ def test_handoff_disabled_means_no_handoff_on_overflow(make):
     assert not res.ok and res.error == too_long and len(rt.calls) == 1 and res.retired == []
 
 
-# --- _context_seen -----------------------------------------------------------------------
+# --- the context watermark: the attempt reports, the loop tracks and warns ----------------
 
 
-def test_context_seen_tracks_warns_and_asks_for_a_handoff(make):
-    rt = make([])
-    events: list[Event] = []
-    assert rt._context_seen("s", 100_000, False, events.append) is False
-    assert rt._context_seen("s", 131_000, False, events.append) is False  # near
-    assert rt._context_seen("s", 149_000, False, events.append) is False
-    assert rt._context_seen("s", 151_000, True, events.append) is False  # a final turn: no handoff
-    assert rt._context_seen("s", 151_000, False, events.append) is True
+def watermark(
+    tmp_path: Path, handoff: HandoffPolicy | bool, events: list[Event]
+) -> tuple[StepLoop, Callable[..., bool]]:
+    """A step loop and a real attempt state wired as in a run: ``turn(used, final)`` is one
+    main-thread turn of the attempt in flight; it returns whether the attempt stops."""
+    rt = Scripted([], workspace=tmp_path / "ws", run_dir=tmp_path / "runs", handoff=handoff)
     rt.close()
+    loop = StepLoop(
+        StepCall(SPEC, "do it", "s"),
+        placement=rt.script,
+        seat=rt.seat,
+        resilience=rt.resilience,
+        handoff=rt.handoff,
+        interrupts=Interrupts(),
+        notes_dir=None,
+        hooks=StepHooks(on_session=lambda sid: None, on_attempt=lambda n: None),
+        on_event=events.append,
+    )
+    state = AttemptState(loop.next, loop._watch())
+
+    def turn(used: int, final: bool = False) -> bool:
+        state.saw_context(used, final=final)
+        stops, state.stop_requested = state.stop_requested, False
+        return stops
+
+    return loop, turn
+
+
+def test_context_seen_tracks_warns_and_asks_for_a_handoff(make, tmp_path):
+    events: list[Event] = []
+    loop, turn = watermark(tmp_path, HandoffPolicy(window=WINDOW), events)
+    assert turn(100_000) is False
+    assert turn(131_000) is False  # near
+    assert turn(149_000) is False
+    assert turn(151_000, final=True) is False  # a final turn: no handoff
+    assert turn(151_000) is True
     assert [e.kind for e in events].count("context") == 5
     assert [e.payload["used"] for e in events if e.kind == "handoff"] == [131_000]
-    assert rt._ctx == 151_000
+    assert loop.ctx == 151_000
 
 
-def test_context_seen_with_handoff_off_only_reports(make):
-    rt = make([], handoff=False)
+def test_context_seen_with_handoff_off_only_reports(make, tmp_path):
     events: list[Event] = []
-    assert rt._context_seen("s", 10_000_000, False, events.append) is False
-    rt.close()
+    _, turn = watermark(tmp_path, False, events)
+    assert turn(10_000_000) is False
     assert [e.kind for e in events] == ["context"]
 
 
@@ -475,12 +546,15 @@ def _state() -> tuple[AttemptState, list[str], list[Event], list[int]]:
     events: list[Event] = []
     contexts: list[int] = []
 
-    def on_context(used: int, final: bool) -> bool:
-        contexts.append(used)
-        return False
+    def on_event(event: Event) -> None:
+        if event.kind == "context":
+            contexts.append(event.payload["used"])
+        else:
+            events.append(event)
 
     state = AttemptState(
-        "s", AttemptWatch(on_session=sessions.append, on_event=events.append, on_context=on_context)
+        StepCall(SPEC, "do it", "s"),
+        Watch(on_session=sessions.append, on_event=on_event, on_handle=lambda h: None),
     )
     return state, sessions, events, contexts
 
@@ -577,10 +651,10 @@ def test_end_leftovers_kills_what_carries_the_attempt_tag_and_nothing_else():
         sleeper, env={**os.environ, ATTEMPT_TAG: "another-attempt"}, start_new_session=True
     )
     try:
-        assert [p.pid for p in leftovers(tag)] == [mine.pid]
-        assert end_leftovers(tag) == 1
+        assert [p.pid for p in PROCS.leftovers(tag)] == [mine.pid]
+        assert PROCS.end_leftovers(tag) == 1
         mine.wait(timeout=5)
-        assert leftovers(tag) == [] and other.poll() is None
+        assert PROCS.leftovers(tag) == [] and other.poll() is None
     finally:
         for proc in (mine, other):
             proc.kill()

@@ -13,24 +13,27 @@ from pathlib import Path
 
 import pytest
 
-from flower import AgentSpec, Resilience, read_manifest
-from supervisor.runtime import SupervisedRuntime
+from flower import AgentSpec, Resilience, Runtime, read_manifest
+from supervisor.placement import Forked
 
 SPEC = AgentSpec(name="t", instructions="x")
 
 
 @pytest.fixture(autouse=True)
-def _key(monkeypatch):
+def _key(monkeypatch, listening_url):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    # Before a retry the loop probes the endpoint (a dead child is a failed attempt like any
+    # other): here a loopback socket that accepts.
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", listening_url)
 
 
-def runtime(tmp_path: Path) -> SupervisedRuntime:
-    rt = SupervisedRuntime(
+def runtime(tmp_path: Path) -> Runtime:
+    return Runtime(
         workspace=tmp_path,
         run_dir=tmp_path / "runs",
         resilience=Resilience(max_attempts=2, base_delay=0.01, max_delay=0.02),
+        placement=Forked(),
     )
-    return rt
 
 
 def with_child(monkeypatch, behaviour) -> None:
@@ -40,10 +43,10 @@ def with_child(monkeypatch, behaviour) -> None:
         os.dup2(os.open(str(setup.log_path), os.O_WRONLY | os.O_CREAT, 0o600), 2)
         return behaviour(setup)
 
-    monkeypatch.setattr("stepproc.spawn.child_main", fake_child_main)
+    monkeypatch.setattr("supervisor.placement.child_main", fake_child_main)
 
 
-def run(rt: SupervisedRuntime):
+def run(rt: Runtime):
     try:
         return asyncio.run(rt.run(SPEC, "do it", step_name="s"))
     finally:

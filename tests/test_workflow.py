@@ -10,38 +10,35 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flower import AgentSpec, ConfigError, Runtime, Step, StepAbort, StepResult, Workflow
+from flower.core.call import StepCall
+from flower.core.placement import Seat, Watch
 from flower.core.registry import Registry
 
 SPEC = AgentSpec(name="t", instructions="x")
 
 
-class FakeRuntime(Runtime):
-    """Every run() answers from ``script[label]`` (a list consumed in order) or 'ok'."""
+class FakePlacement:
+    """Every attempt answers from ``script[label]`` (a list consumed in order) or 'ok'."""
 
-    def __init__(self, tmp: Path, script: dict[str, list[Any]] | None = None, **kw: Any) -> None:
-        super().__init__(workspace=tmp / "ws", run_dir=tmp / "runs", **kw)
-        self.script = {k: list(v) for k, v in (script or {}).items()}
-        self.calls: list[dict[str, Any]] = []
-        self.known: set[str] = set(_known_sessions(tmp))
+    def __init__(self, rt: FakeRuntime, script: dict[str, list[Any]]) -> None:
+        self.rt, self.script = rt, script
+        self.prepared: list[list[str]] = []
 
-    def has_session(self, session_id: str) -> bool:
-        return session_id in self.known
-
-    async def _execute(
-        self, spec, prompt, *, label, resume, fork, resume_at, on_event
-    ) -> StepResult:
-        self.calls.append({"label": label, "prompt": prompt, "resume": resume, "fork": fork})
+    async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
+        label, prompt, resume, fork = call.label, call.prompt, call.resume, call.fork
+        self.rt.calls.append({"label": label, "prompt": prompt, "resume": resume, "fork": fork})
         planned = self.script.get(label, [])
         outcome = planned.pop(0) if planned else "ok"
         sid = resume if (resume and not fork) else f"s-{label}-{next(_ids)}"
-        self.known.add(sid)
-        self._session_seen(sid)
+        self.rt.known.add(sid)
+        watch.on_session(sid)
         ok = outcome == "ok" or (isinstance(outcome, str) and outcome.startswith("text:"))
         text = (
             outcome[5:]
@@ -57,6 +54,29 @@ class FakeRuntime(Runtime):
             started_at=1.0,
             ended_at=2.0,
         )
+
+    def prepare(self, calls: Sequence[StepCall], seat: Seat) -> None:
+        self.prepared.append([c.label for c in calls])
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeRuntime(Runtime):
+    """A real Runtime (lineage, manifest, registry on disk) whose attempts are canned.
+
+    Resilience is off: a canned failure is the step's one attempt (retries have their own
+    tests in test_runtime_loop.py)."""
+
+    def __init__(self, tmp: Path, script: dict[str, list[Any]] | None = None, **kw: Any) -> None:
+        kw.setdefault("resilience", False)
+        self.fake = FakePlacement(self, {k: list(v) for k, v in (script or {}).items()})
+        super().__init__(workspace=tmp / "ws", run_dir=tmp / "runs", placement=self.fake, **kw)
+        self.calls: list[dict[str, Any]] = []
+        self.known: set[str] = set(_known_sessions(tmp))
+
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self.known
 
 
 _ids = itertools.count(1)

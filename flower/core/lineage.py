@@ -7,10 +7,14 @@ so concurrent flowers merge their entries instead of overwriting each other.
 
 Two invariants from seed 000 shape every method here:
 
-1. Write the moment the id is known; a failed write (any ``OSError``) is swallowed and never
-   stops the step.
+1. Write the moment the id is known; a failed write (any ``OSError``) never stops the step.
 2. Anything that does not match (another workspace, a session gone from the store, a corrupt
-   file) silently means "start fresh" -- continuity is a bonus and must never block work.
+   file) means "start fresh" -- continuity is a bonus and must never block work.
+
+Neither is ever silent: each is one warning line on the ``flower`` logger (the supervisor
+prints them on the terminal), and a file that does not match is set aside beside itself,
+never deleted. A store that cannot answer whether a session exists is not a session that is
+gone: the entry is kept, with a warning.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,21 +83,45 @@ class _State:
     steps: dict[str, str] = field(default_factory=dict)
 
 
-def _parse(text: str) -> _State | None:
-    """The file's content if it has the right shape, else None (= start fresh)."""
+SHAPE = 'does not have the shape {"workspace": path, "woke": N, "steps": {step: session}}'
+
+
+def _diagnose(text: str) -> tuple[_State | None, str]:
+    """The file's content if it has the right shape, else None and what is wrong with it."""
+    if not text.strip():
+        return None, "is empty"
     try:
         data = json.loads(text)
     except ValueError:
-        return None
+        return None, "is not valid JSON (damaged, or cut short mid-write)"
     if not isinstance(data, dict):
-        return None
+        return None, SHAPE
     workspace, woke, steps = data.get("workspace"), data.get("woke", 0), data.get("steps", {})
     if not isinstance(workspace, str) or not workspace:
-        return None
+        return None, SHAPE
     if type(woke) is not int or woke < 0 or not isinstance(steps, dict):
-        return None
+        return None, SHAPE
     good = {k: v for k, v in steps.items() if isinstance(v, str) and v}
-    return _State(workspace, woke, good)
+    return _State(workspace, woke, good), ""
+
+
+def _parse(text: str) -> _State | None:
+    """The file's content if it has the right shape, else None (= start fresh)."""
+    return _diagnose(text)[0]
+
+
+def damage(run_dir: str | Path) -> str | None:
+    """What is wrong with ``<run_dir>/lineage.json`` (None when it is missing or well-formed)."""
+    path = Path(run_dir) / LINEAGE_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        return "is not UTF-8 text"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return _diagnose(text)[1] or None
 
 
 def peek(run_dir: str | Path) -> dict[str, Any]:
@@ -132,6 +161,7 @@ class Lineage:
         self.run_id = run_id
         self.woke = 0
         self.steps: dict[str, str] = {}
+        self._write_failed = False  # warned once: a run whose lineage cannot be written
         self._lock = FileLock(
             f"{self.path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
         )
@@ -151,11 +181,16 @@ class Lineage:
         return dict(self.steps)
 
     def _read(self) -> _State | None:
+        return self._read_diagnosed()[0]
+
+    def _read_diagnosed(self) -> tuple[_State | None, str]:
         try:
             text = self.path.read_text(encoding="utf-8")
-        except (OSError, ValueError):
-            return None
-        return _parse(text)
+        except UnicodeDecodeError:
+            return None, "is not UTF-8 text"
+        except (OSError, ValueError) as exc:
+            return None, f"cannot be read ({exc})"
+        return _diagnose(text)
 
     def _ours(self, workspace: str) -> bool:
         try:
@@ -164,52 +199,84 @@ class Lineage:
             return False
 
     def _alive(self, steps: dict[str, str]) -> dict[str, str]:
-        """Keep only the entries whose session the store still has."""
+        """Keep only the entries whose session the store still has (or cannot say)."""
         if self.has_session is None:
             return dict(steps)
-        return {name: sid for name, sid in steps.items() if self._has(sid)}
+        return {name: sid for name, sid in steps.items() if self._has(name, sid)}
 
-    def _has(self, sid: str) -> bool:
+    def _has(self, name: str, sid: str) -> bool:
         try:
             return bool(self.has_session(sid))  # type: ignore[misc]
-        except Exception as exc:  # a broken store must not break waking: treat as gone
-            log.debug("has_session(%s) failed: %s", sid, exc)
-            return False
+        except Exception as exc:  # noqa: BLE001 - a store that cannot answer is not "gone"
+            log.warning(
+                "could not check step %r's session %s in sessions.db (%s: %s); keeping it",
+                name, sid, type(exc).__name__, exc,
+            )
+            return True
 
     # -- waking -------------------------------------------------------------------------
 
-    def wake(self) -> int:
+    def wake(self, mine: Iterable[str] = ()) -> int:
         """Count one more start (the first run is 1) and return the count.
 
         Raises :class:`flower.RunDirBusy` only when the file belongs to another workspace and
         a live flower still holds this run_dir for it; otherwise a foreign or broken file
-        silently means a fresh start. A run_dir that cannot be written does not stop the start.
+        means a fresh start (set aside, one warning). ``mine`` are the steps of the starting
+        flow: for those whose session the store no longer has, a copy of the file is kept
+        beside it and one warning says they start fresh. A run_dir that cannot be written
+        does not stop the start.
         """
         try:
             private_dir(self.run_dir)
             with self._lock, deferred_signals():
-                return self._wake_locked()
+                return self._wake_locked(set(mine))
         except OSError as exc:
-            log.debug("lineage %s not writable (%s); waking from what can be read", self.path, exc)
+            log.warning(
+                "could not update %s (%s); this run cannot record its sessions there",
+                self.path, exc.strerror or exc,
+            )
+            self._write_failed = True
             self.load()
             self.woke += 1
             return self.woke
 
-    def _wake_locked(self) -> int:
+    def _wake_locked(self, mine: set[str]) -> int:
         self._drop_stale_tmp()
         state = self._read_for_update()
         if state is not None and not self._ours(state.workspace):
             self._refuse_if_held()
-            self._quietly_set_aside("workspace")
+            self._set_aside("workspace", f"belongs to workspace {state.workspace}, not this one")
             state = None
         self.woke = (state.woke if state else 0) + 1
         file_steps = state.steps if state else {}
-        self.steps = self._alive(file_steps)
+        wanted = {n: sid for n, sid in file_steps.items() if n in mine} if mine else file_steps
+        self.steps = self._alive(wanted)
+        gone = {n: sid for n, sid in file_steps.items() if n in mine and n not in self.steps}
+        if gone:
+            self._keep_copy_of_gone(gone)
         try:
             self._write(self.woke, file_steps)
         except OSError as exc:
-            log.debug("lineage %s not written: %s", self.path, exc)
+            self._warn_write(exc)
         return self.woke
+
+    def _keep_copy_of_gone(self, gone: dict[str, str]) -> None:
+        """Entries naming sessions the store no longer has: those steps start fresh. The
+        file stays (other flows' entries are in it) and the step's new session will replace
+        its entry, so a copy keeps the old ids for a person to look at."""
+        names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
+        try:
+            aside = _unused(self.path.with_name(f"{LINEAGE_NAME}.gone-{time.strftime('%Y%m%d-%H%M%S')}"))
+            shutil.copyfile(self.path, aside)
+            os.chmod(aside, FILE_MODE)
+            kept = f"kept a copy as {aside}"
+        except OSError as exc:
+            kept = f"could not keep a copy ({exc.strerror or exc})"
+        log.warning(
+            "%s names sessions that sessions.db no longer has for step %s; %s; "
+            "those steps start a new session",
+            self.path, names, kept,
+        )
 
     def _refuse_if_held(self) -> None:
         """Raise RunDirBusy if a live flower holds this run_dir for another workspace."""
@@ -226,17 +293,19 @@ class Lineage:
         """Read under the lock; a file that exists but is unusable is moved aside, not lost."""
         if not self.path.exists():
             return None
-        state = self._read()
+        state, problem = self._read_diagnosed()
         if state is None:
-            self._quietly_set_aside("corrupt")
+            self._set_aside("corrupt", problem)
         return state
 
-    def _quietly_set_aside(self, reason: str) -> None:
+    def _set_aside(self, reason: str, why: str) -> None:
+        """Move the file beside itself (``lineage.json.<reason>-<stamp>``), saying so."""
         try:
             aside = set_aside(self.path, reason)
-            log.debug("lineage %s did not match; kept it as %s and started fresh", self.path, aside)
         except OSError as exc:
-            log.debug("could not set %s aside: %s", self.path, exc)
+            log.warning("%s %s; could not set it aside (%s); starting fresh", self.path, why, exc)
+            return
+        log.warning("%s %s; kept it as %s and this run starts fresh", self.path, why, aside)
 
     def _drop_stale_tmp(self) -> None:
         """Remove temp files of writers killed mid-write: every writer holds the lock we hold."""
@@ -263,7 +332,16 @@ class Lineage:
             with self._lock, deferred_signals():
                 self._merge_locked(key, session_id)
         except OSError as exc:
-            log.debug("lineage entry %s not written to %s: %s", key, self.path, exc)
+            self._warn_write(exc)
+
+    def _warn_write(self, exc: OSError) -> None:
+        if not self._write_failed:  # once per run: every later write would say the same
+            self._write_failed = True
+            log.warning(
+                "could not write %s (%s); if this run is killed, the next start cannot "
+                "continue its sessions",
+                self.path, exc.strerror or exc,
+            )
 
     def _merge_locked(self, key: str, session_id: str) -> None:
         state = self._read_for_update()
@@ -271,7 +349,7 @@ class Lineage:
             woke, steps = state.woke, dict(state.steps)
         else:
             if state is not None:  # another workspace took the file over since we woke
-                self._quietly_set_aside("workspace")
+                self._set_aside("workspace", f"belongs to workspace {state.workspace} now")
             woke, steps = self.woke, {}
         steps[key] = session_id
         self._write(woke, steps)
@@ -298,6 +376,15 @@ class Lineage:
             moved = _move_existing(sources[1:], Path(into))
         self.steps, self.woke = {}, 0
         return Path(into) if moved else None
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3`` … the first that does not exist."""
+    target, n = path, 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}-{n}")
+    return target
 
 
 def _move_existing(sources: list[Path], into: Path) -> list[Path]:

@@ -239,6 +239,14 @@ class Manifest:
             self._write_locked()
         return row
 
+    def check(self) -> None:
+        """Validate the file now rather than at the first row: a damaged one is set aside
+        (one warning) and a fresh one started before the run spends anything."""
+        if not self.path.exists():
+            return
+        with self._lock, deferred_signals():
+            self._write_locked()
+
     def rows(self) -> list[dict[str, Any]]:
         """Every row in the file, read under the lock (never a half-written file)."""
         return read_manifest(self.run_dir)
@@ -350,6 +358,21 @@ class Manifest:
         end = size - len(_TAIL) if rows else len(_HEAD)
         start = max(0, end - _SIG_LEN)
         return _View(dev, ino, size, rows, os.pread(fd, end - start, start))
+
+
+def damage(run_dir: str | Path) -> str | None:
+    """What is wrong with ``<run_dir>/manifest.json`` (None when missing or well-formed)."""
+    path = Path(run_dir) / MANIFEST_NAME
+    try:
+        data = _read_bytes(path)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    entries, verdict = decode(data)
+    if verdict == "torn":
+        return f"was cut short mid-write (its {len(entries)} whole rows are readable)"
+    if verdict == "corrupt":
+        return "is not a JSON array of rows"
+    return None
 
 
 def read_manifest(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -3,8 +3,8 @@
 The step loop (:mod:`flower.core.loop`) decides everything about a step: how many attempts,
 what each one sends, which session it continues, when to wait, back off, hand off or stop.
 Below it, a *placement* runs exactly one attempt somewhere and reports what happened. Two
-exist: :class:`InProcess` (this process: library users) and the supervisor's forked step
-child (``supervisor.placement.Forked``). A third (a task on a cluster engine) needs no change
+exist: :class:`flower.core.inprocess.InProcess` (this process: library users) and the
+supervisor's forked step child (``supervisor.placement.Forked``). A third (a task on a cluster engine) needs no change
 to the loop or the workflow if it keeps this contract:
 
 ``await placement.attempt(call, seat, watch) -> StepResult``
@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .._errors import AttemptCrash
 from ..util.fsutil import open_private, private_dir
 from .call import StepCall
 from .result import Event, StepResult
@@ -111,26 +110,3 @@ def write_crash_log(path: Path, crash: BaseException) -> Path:
     except OSError:
         pass
     return path
-
-
-class InProcess:
-    """The placement of library use: each attempt is an SDK session in this very process."""
-
-    async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
-        from .attempt import SdkAttempt
-
-        att = SdkAttempt(call, seat, watch)
-        try:
-            await att.connect()
-            return await att.run()
-        except AttemptCrash as crash:
-            crash.log = str(write_crash_log(seat.log_for(call.label), crash))
-            raise
-        finally:
-            await att.close()
-
-    def prepare(self, calls: Sequence[StepCall], seat: Seat) -> None:
-        """Nothing to prepare: starting a CLI here ahead of time would only hold memory."""
-
-    async def close(self) -> None:
-        return None

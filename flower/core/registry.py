@@ -11,6 +11,7 @@ A record is *alive* when its pid exists **and** that process started when the re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
@@ -20,7 +21,9 @@ from typing import Any
 
 import psutil
 
-from ..util.fsutil import atomic_write_text, private_dir
+from ..util.fsutil import atomic_write_text, private_dir, set_aside
+
+log = logging.getLogger("flower")
 
 FLOWERS_DIRNAME = "flowers"
 
@@ -117,14 +120,36 @@ class Registry:
         return _read(self.path_for(run_id))
 
     def records(self) -> list[FlowerRecord]:
-        """Every readable record, oldest start first. Unreadable ones are skipped."""
+        """Every readable record, oldest start first. Unreadable ones are skipped (see
+        :meth:`damaged`)."""
+        out = [r for path in self._files() if (r := _read(path))]
+        out.sort(key=lambda r: (r.started_at, r.run))
+        return out
+
+    def damaged(self) -> list[Path]:
+        """Record files that are not a flower record (every write is an atomic replace, so
+        one is never caught half-written: these are damaged)."""
+        return [path for path in self._files() if _read(path) is None and path.exists()]
+
+    def set_aside_damaged(self) -> list[Path]:
+        """Move damaged records beside themselves (never deleted), one warning each."""
+        moved = []
+        for path in self.damaged():
+            try:
+                aside = set_aside(path, "corrupt")
+            except OSError as exc:
+                log.warning("%s is not a flower record and cannot be set aside (%s)", path, exc)
+                continue
+            log.warning("%s is not a flower record; kept it as %s", path, aside)
+            moved.append(aside)
+        return moved
+
+    def _files(self) -> list[Path]:
         try:
             names = sorted(os.listdir(self.dir))
         except OSError:
             return []
-        out = [r for n in names if n.endswith(".json") and (r := _read(self.dir / n))]
-        out.sort(key=lambda r: (r.started_at, r.run))
-        return out
+        return [self.dir / n for n in names if n.endswith(".json")]
 
     def live(self, *, exclude: str | None = None) -> list[FlowerRecord]:
         """Flowers running right now: the record says running and its process is alive.
@@ -135,11 +160,30 @@ class Registry:
         return [r for r in self.records() if r.run != exclude and r.state == RUNNING and r.alive]
 
 
+# The fields every reader relies on, with the types they must have.
+_CHECKED: dict[str, type | tuple[type, ...]] = {
+    "run": str,
+    "flow": str,
+    "pid": int,
+    "workspace": str,
+    "started_at": (int, float),
+    "state": str,
+    "steps": list,
+    "command": list,
+    "completed": dict,
+}
+
+
 def _read(path: Path) -> FlowerRecord | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             return None
-        return FlowerRecord.from_dict(data)
+        record = FlowerRecord.from_dict(data)
     except (OSError, ValueError, TypeError):
         return None
+    for name, kind in _CHECKED.items():
+        value = getattr(record, name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return None
+    return record

@@ -24,7 +24,8 @@ from .interrupts import Interrupts
 from .lineage import Lineage
 from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop
 from .manifest import Manifest
-from .placement import InProcess, Placement, Seat
+from .inprocess import InProcess
+from .placement import Placement, Seat
 from .registry import FlowerRecord, Registry, new_run_id, process_started
 from .resilience import Resilience
 from .result import HANDOFF_DUE, INTERRUPTED, KILLED_BY_SIGNAL, StepResult

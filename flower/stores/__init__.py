@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from .dbfile import set_aside_database
+
 SESSIONS_DB = "sessions.db"
+log = logging.getLogger("flower")
 
 
 def open_store(runtime: Any) -> Any:
@@ -15,6 +19,7 @@ def open_store(runtime: Any) -> Any:
     size trimming; expiry and pruning stay on.
     """
     from .prune import PrunePolicy, PruningSessionStore
+    from .sqlite import SessionStoreDamaged
     from .trim import EphemeralPolicy, TrimPolicy
 
     def _policy(value: Any, cls: type[Any]) -> Any:
@@ -22,10 +27,25 @@ def open_store(runtime: Any) -> Any:
             return value
         return cls() if value else cls(enabled=False)
 
-    return PruningSessionStore(
-        runtime.run_dir / SESSIONS_DB,
-        workspace=runtime.workspace,
-        policy=_policy(getattr(runtime, "trim", False), TrimPolicy),
-        ephemeral=_policy(getattr(runtime, "ephemeral", True), EphemeralPolicy),
-        prune=PrunePolicy(keep_denials=getattr(runtime, "keep_denials", 1)),
-    )
+    def store() -> Any:
+        return PruningSessionStore(
+            path,
+            workspace=runtime.workspace,
+            policy=_policy(getattr(runtime, "trim", False), TrimPolicy),
+            ephemeral=_policy(getattr(runtime, "ephemeral", True), EphemeralPolicy),
+            prune=PrunePolicy(keep_denials=getattr(runtime, "keep_denials", 1)),
+        )
+
+    path = runtime.run_dir / SESSIONS_DB
+    try:
+        return store()
+    except SessionStoreDamaged as exc:
+        # Continuity never blocks work: the damaged file is kept for a person, a fresh one
+        # starts, and the sessions in the old one cannot be continued (lineage says so).
+        aside = set_aside_database(path)
+        log.warning(
+            "%s; moved it (with its -wal/-shm files) to %s and started a fresh one; "
+            "earlier conversations stay in the old file",
+            exc.message, aside,
+        )
+        return store()

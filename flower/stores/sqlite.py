@@ -68,8 +68,15 @@ from tenacity import (
 
 from .._errors import FlowerError
 from ..util.fsutil import open_private, private_dir
+from .dbfile import damage
 
-__all__ = ["BUSY_DEADLINE_S", "SessionStoreBusy", "SessionStoreError", "SqliteSessionStore"]
+__all__ = [
+    "BUSY_DEADLINE_S",
+    "SessionStoreBusy",
+    "SessionStoreDamaged",
+    "SessionStoreError",
+    "SqliteSessionStore",
+]
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -126,6 +133,10 @@ CREATE TABLE IF NOT EXISTS summaries (
 
 class SessionStoreError(FlowerError):
     """``sessions.db`` cannot be used (not a database, or from a newer flower)."""
+
+
+class SessionStoreDamaged(SessionStoreError):
+    """``sessions.db`` is not a usable SQLite database (garbage, or cut short)."""
 
 
 class SessionStoreBusy(SessionStoreError, TimeoutError):
@@ -318,6 +329,9 @@ class SqliteSessionStore(SessionStore):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         private_dir(self.path.parent)
+        problem = damage(self.path)
+        if problem:
+            raise self._unusable(problem)
         _create_private(self.path)
         self._db = _Connection(self._open)
         self._checkpointer = _Connection(self._open_for_checkpoints)
@@ -639,8 +653,8 @@ class SqliteSessionStore(SessionStore):
             if statement.strip():
                 conn.execute(statement)
 
-    def _unusable(self, exc: BaseException) -> SessionStoreError:
-        return SessionStoreError(
-            f"{self.path} is not a usable SQLite database: {exc}",
+    def _unusable(self, why: BaseException | str) -> SessionStoreDamaged:
+        return SessionStoreDamaged(
+            f"{self.path} is not a usable SQLite database: {why}",
             hint="move it aside (flower never deletes it) and run again to start a fresh one",
         )

@@ -10,12 +10,31 @@ import json
 import secrets
 import string
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from flower._errors import ConfigError
 
-if TYPE_CHECKING:
-    from ._script import Turn
+
+class _Tool(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def input(self) -> dict[str, Any]: ...
+
+
+class Turn(Protocol):
+    """What of a scripted turn (``_script.Turn``) goes on the wire: a Protocol, so the wire
+    format needs no import of the script's module (which imports this one)."""
+
+    @property
+    def text(self) -> str | None: ...
+    @property
+    def tool_uses(self) -> Sequence[_Tool]: ...
+    @property
+    def usage(self) -> dict[str, int]: ...
+
+    def final_stop_reason(self) -> str: ...
 
 _ALNUM = string.ascii_letters + string.digits
 

@@ -9,12 +9,15 @@ in the process that owns lineage and the manifest.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from ..core.agent import AgentSpec
+from ..core.call import StepCall
+from ..core.registry import Registry
 from ..core.result import Event, StepResult, jsonable
 from .resume import (
     PriorRun,
@@ -29,7 +32,12 @@ if TYPE_CHECKING:
 
 Ctx = dict[str, Any]
 
+#: How many steps ahead a placement is told about (see ``_Run._prepare_after``).
+LOOKAHEAD = 1
+
 ON_FAIL = ("stop", "continue")
+
+log = logging.getLogger("flower")
 
 
 class StepAbort(Exception):
@@ -134,13 +142,15 @@ class _Run:
         )
         with registry_lock(rt.run_dir):  # check-then-register is one step for concurrent starts
             refuse_live_conflict(rt.run_dir, names, exclude=rt.run_id)
+            Registry(rt.run_dir).set_aside_damaged()
             rt.begin_flow(wf.name, names, command=command)
         try:
-            woke = self.lineage.wake()
+            woke = self.lineage.wake(names if wf.continuous else ())
         except BaseException:
             rt.end_flow(discard=True)  # refused (another workspace holds the run_dir): no trace
             raise
-        sessions = self.lineage.load() if wf.continuous else {}
+        _check_manifest(rt)
+        sessions = dict(self.lineage.steps) if wf.continuous else {}
         rt.note(woke=woke)
         self.ctx.update(
             _woke=woke,
@@ -169,6 +179,8 @@ class _Run:
         except BaseException:
             rt.note(state="interrupted", ended_at=_now())
             raise
+        finally:
+            rt.prepare([])  # nothing more will run: drop what was got ready
         rt.note(state=state, step=stopped_at, ended_at=_now())
         return self.ctx
 
@@ -195,6 +207,7 @@ class _Run:
                 },
             )
         )
+        self._prepare_after(index)
         result, passed = await self._attempts(step, prompt, prompt_cur, resume)
         if passed:
             value = step.reduce(result, ctx) if step.reduce else result.text
@@ -245,6 +258,25 @@ class _Run:
                 prompt_cur, resume_cur, fork_cur = prompt, self._session_for(step), step.fork
         assert result is not None
         return result, passed
+
+    def _prepare_after(self, index: int) -> None:
+        """Tell the runtime which first attempts come next, so a placement can get them
+        ready while this step runs (only their prompt waits for ctx)."""
+        steps = self.wf.steps[index + 1 : index + 1 + LOOKAHEAD]
+        calls = [c for j, s in enumerate(steps, index + 1) if (c := self._likely_call(j, s, index))]
+        self.rt.prepare(calls)
+
+    def _likely_call(self, j: int, step: Step, running: int) -> StepCall | None:
+        """Step ``j``'s first attempt as far as it is known while step ``running`` runs
+        (its prompt aside), or None when its session is not settled yet."""
+        if self.prior is not None and step.name in self.prior.completed:
+            return None  # most likely reused from the unfinished run: nothing to send
+        if step.resume_from is not None:
+            names = [s.name for s in self.wf.steps]
+            source = names.index(step.resume_from) if step.resume_from in names else None
+            if source is None or source >= running:
+                return None  # that step has not settled its session yet
+        return StepCall(step.spec, "", step.name, self._session_for(step), step.fork)
 
     def _resume_text(self, step: Step, prompt: str) -> str:
         """What a continued session is told: the step's resume_prompt; for the step a dead
@@ -313,6 +345,14 @@ class _Run:
     def _emit(self, event: Event) -> None:
         if self.on_event:
             self.on_event(event)
+
+
+def _check_manifest(rt: Runtime) -> None:
+    """A damaged manifest is set aside now (one warning), not at the first row."""
+    try:
+        rt.manifest.check()
+    except OSError as exc:  # the row writes will say it again; the run goes on
+        log.warning("could not check %s: %s", rt.manifest.path, exc)
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -15,16 +15,28 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import RunDirBusy
 from ..core.registry import FINISHED, Registry
 
 if TYPE_CHECKING:
-    from .base import Step
+    from ..core.agent import AgentSpec
 
 
-def input_hash(flow: str, step: Step, prompt: str) -> str:
+class HashedStep(Protocol):
+    """What of a ``Step`` enters its input hash (a Protocol, so this module needs no import
+    of the workflow's)."""
+
+    name: str
+    resume_from: str | None
+    fork: bool
+
+    @property
+    def spec(self) -> AgentSpec: ...
+
+
+def input_hash(flow: str, step: HashedStep, prompt: str) -> str:
     fields = {
         "flow": flow,
         "step": step.name,

@@ -1,0 +1,161 @@
+"""The architecture's arrows, checked on the source: which of our modules import which.
+
+Every import counts — at module level, inside a function, under ``TYPE_CHECKING`` — because
+a cycle that only shows up for the type checker or in one code path is still a cycle for
+the next person reading the code. ``from pkg import name`` counts as an import of
+``pkg.name`` when that is a module of ours, else of ``pkg`` itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("flower", "supervisor", "stepproc", "ipc")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Iterator[str]:
+    """Our modules that ``name`` imports, anywhere in its source."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield from _ours(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield from _ours(full if full in MODULES else base)
+
+
+def _ours(name: str) -> Iterator[str]:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    if name:
+        yield name
+
+
+GRAPH = {name: sorted(set(_imports(name, path)) - {name}) for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _edges(source: str, target: str) -> list[str]:
+    """``a -> b`` for every import from a module under ``source`` of one under ``target``."""
+    return [
+        f"{a} -> {b}"
+        for a, deps in GRAPH.items()
+        if a == source or a.startswith(source + ".")
+        for b in deps
+        if b == target or b.startswith(target + ".")
+    ]
+
+
+def test_the_graph_sees_the_modules_and_their_imports() -> None:
+    # The checks below mean nothing if the parser found nothing: a few known arrows.
+    assert {"flower.core.loop", "supervisor.placement", "stepproc.child", "ipc.codec"} <= set(GRAPH)
+    assert "flower.core.attempt" in GRAPH["flower.core.inprocess"]
+    assert "stepproc" in GRAPH["supervisor.placement"]
+    assert "flower.core.agent" in GRAPH["flower.core.call"]  # a TYPE_CHECKING import counts
+
+
+def test_no_import_cycles_between_our_modules() -> None:
+    assert _cycles() == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    GRAPH["ipc.codec"].append("ipc.stream")  # stream imports codec already
+    try:
+        assert ["ipc.codec", "ipc.stream"] in _cycles()
+    finally:
+        GRAPH["ipc.codec"].remove("ipc.stream")
+
+
+@pytest.mark.parametrize("other", ["flower", "supervisor", "stepproc"])
+def test_ipc_depends_on_nothing_of_ours(other: str) -> None:
+    assert _edges("ipc", other) == []
+
+
+@pytest.mark.parametrize("layer", ["flower.stores", "flower.docs", "flower.util"])
+def test_stores_docs_and_util_never_import_core_or_workflow(layer: str) -> None:
+    assert _edges(layer, "flower.core") == []
+    assert _edges(layer, "flower.workflow") == []
+
+
+def test_util_is_a_leaf() -> None:
+    allowed = {"flower._errors"}
+    outside = [e for e in _edges("flower.util", "flower") if e.split(" -> ")[1] not in allowed]
+    assert [e for e in outside if not e.split(" -> ")[1].startswith("flower.util")] == []
+
+
+@pytest.mark.parametrize("upper", ["supervisor", "stepproc"])
+def test_the_library_never_imports_the_processes_above_it(upper: str) -> None:
+    assert _edges("flower", upper) == []
+
+
+def test_supervisor_uses_only_the_child_entry_point_of_stepproc() -> None:
+    assert {e.split(" -> ")[1] for e in _edges("supervisor", "stepproc")} == {"stepproc"}
+    entry = ast.parse((REPO / "stepproc" / "__init__.py").read_text(encoding="utf-8"))
+    exported = next(
+        n.value for n in entry.body if isinstance(n, ast.Assign) and n.targets[0].id == "__all__"
+    )
+    assert sorted(ast.literal_eval(exported)) == ["ChildSetup", "child_main"]
+
+
+def test_stepproc_never_imports_the_supervisor() -> None:
+    assert _edges("stepproc", "supervisor") == []
