@@ -181,6 +181,31 @@ class Flower:
                 pass
 
 
+def cli_under(pid: int) -> list[psutil.Process]:
+    """The claude CLI processes below ``pid`` (zombies excluded)."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for k in kids:
+        try:
+            if k.name() == "claude" and k.status() != psutil.STATUS_ZOMBIE:
+                out.append(k)
+        except psutil.Error:
+            continue
+    return out
+
+
+def attempt_child(sup_pid: int) -> psutil.Process | None:
+    """The supervisor's step child whose CLI is running (not a prepared or exiting one)."""
+    try:
+        kids = psutil.Process(sup_pid).children()
+    except psutil.Error:
+        return None
+    return next((k for k in kids if cli_under(k.pid)), None)
+
+
 def _cmd(p: psutil.Process) -> str:
     try:
         return " ".join(p.cmdline())[:120]

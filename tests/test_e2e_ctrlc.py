@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from .e2e import Flower, wait_until
+from .e2e import Flower, attempt_child, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # real CLI turns plus a resumed run
 
@@ -27,9 +27,9 @@ SENTENCE = "也顺便把 README 更新一下"
 class Pty:
     """flower-super on a pseudo-terminal; collects what it prints."""
 
-    def __init__(self, f: Flower) -> None:
+    def __init__(self, f: Flower, flow: str = FLOW) -> None:
         self.master, slave = pty.openpty()
-        cmd = f.argv("start", "--flow", FLOW, "-w", str(f.ws), "-r", str(f.runs))
+        cmd = f.argv("start", "--flow", flow, "-w", str(f.ws), "-r", str(f.runs))
         self.proc = subprocess.Popen(
             cmd,
             cwd=f.root,
@@ -134,3 +134,47 @@ def test_ctrl_c_twice_exits_and_the_next_start_resumes(model_server, flower_env)
     assert code == 0, out
     assert f.lineage()["steps"]["only"] == first.session_id
     assert {r.session_id for r in server.requests if r.conversation == "only"} == {first.session_id}
+
+
+@pytest.mark.timeout(120)  # one flower run: a death, a backoff cut short, the resumed turn
+def test_ctrl_c_during_the_backoff_after_a_death_reaches_the_same_session(
+    model_server, flower_env
+):
+    echo = {"tool_use": {"name": "Bash", "input": {"command": "echo hi", "description": "warm up"}}}
+    server = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "backoff",
+                    "match": {"marker": "[[backoff]]"},
+                    "turns": [echo, {"text": "backoff done.", "delay": 90, "times": 1}],
+                }
+            ]
+        }
+    )
+    f: Flower = flower_env(server)
+    term = Pty(f, flow="tests.flows.inside:backoff")
+    try:
+        held = server.wait_for(
+            lambda reqs: [r for r in reqs if r.conversation == "backoff" and r.turn == 1],
+            timeout=60,
+        )
+        sid = held[0].session_id
+        wait_until(lambda: f.has_tool_result(sid), 10, "the tool result in sessions.db")
+        child = wait_until(lambda: attempt_child(term.proc.pid), 10, "the step child")
+        child.kill()
+        term.expect("步骤子进程意外退出")  # the death is a failed attempt: the backoff begins
+        term.type(b"\x03")
+        term.expect("打断了")
+        term.type(SENTENCE.encode() + b"\n")
+        assert term.wait() == 0, term.pump()
+    finally:
+        term.close()
+    told = [r for r in server.requests if any(SENTENCE in t for t in r.texts())]
+    assert told and {r.session_id for r in told} == {sid}, "the sentence did not reach the session"
+    (row,) = f.rows("backoff")
+    assert row["ok"] and row["session_id"] == sid and row["resumed"], row
+    # The death used an attempt; the interrupt during the backoff did not.
+    assert row["attempts"] == 2 and len(row["errors"]) == 1, row
+    assert "died without a result (killed by SIGKILL)" in row["errors"][0], row["errors"]
+    f.assert_no_survivors()

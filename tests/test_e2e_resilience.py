@@ -24,7 +24,7 @@ from flower.core.runtime import Runtime
 from flower.stores.sqlite import SqliteSessionStore
 from flower.testing.model_server import ModelServer, RecordedRequest
 
-from .e2e import Flower, wait_until
+from .e2e import Flower, cli_under, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -58,22 +58,6 @@ def assert_clean_history(server: ModelServer, after: int = -1) -> None:
         assert not leaked, (
             f"request {req.seq} fed an API error back to the model: {leaked[0][:200]}"
         )
-
-
-def cli_under(pid: int) -> list[psutil.Process]:
-    """The claude CLI processes below ``pid``."""
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    out = []
-    for k in kids:
-        try:
-            if k.name() == "claude" and k.status() != psutil.STATUS_ZOMBIE:
-                out.append(k)
-        except psutil.Error:
-            continue
-    return out
 
 
 def cpu_seconds(pid: int) -> float:

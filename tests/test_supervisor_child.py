@@ -1,6 +1,7 @@
-"""The supervisor's side of a step child that misbehaves: garbage on the pipe, an early
-exit, a death by signal. Real forks, real pipes; the children are stand-ins that break
-the protocol on purpose (the real child is exercised by the end-to-end drills).
+"""The supervisor's side of its step children: garbage on the pipe, an early exit, a death
+by signal, a crash reported, a question asked, children prepared ahead of their step. Real
+forks, real pipes; the children are stand-ins (the real child is exercised by the
+end-to-end drills).
 """
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from flower import AgentSpec, Resilience, Runtime, read_manifest
+from flower import AgentSpec, Resilience, Runtime, StepResult, read_manifest
+from flower.core.call import StepCall
+from ipc import Answer, Ask, Failure, LineWriter, Message, Result, Shutdown, Start, read_messages
 from supervisor.placement import Forked
 
 SPEC = AgentSpec(name="t", instructions="x")
@@ -109,3 +113,134 @@ def test_a_child_killed_by_a_signal(tmp_path, monkeypatch):
     with_child(monkeypatch, die)
     result = run(runtime(tmp_path))
     assert not result.ok and "killed by SIGKILL" in (result.error or "")
+
+
+# --- what a child reports, and children prepared ahead --------------------------------------
+
+
+def _frames(setup) -> Iterator[Message]:
+    """The frames the supervisor sends this stand-in child, until EOF."""
+    yield from read_messages(setup.read_fd)
+
+
+def _send(setup, msg: Message) -> None:
+    LineWriter(setup.write_fd).send(msg)
+
+
+def test_a_child_reporting_a_crash_is_not_retried_and_the_row_says_why(tmp_path, monkeypatch):
+    def crash(setup) -> int:
+        next(_frames(setup))  # the start
+        _send(setup, Failure("ImportError", "no module named 'x'", False, "Traceback: ..."))
+        return 1
+
+    with_child(monkeypatch, crash)
+    result = run(runtime(tmp_path))
+    assert not result.ok and result.attempts == 1 and result.errors == [result.error]
+    assert "not retried" in result.error and "ImportError: no module named 'x'" in result.error
+    (row,) = read_manifest(tmp_path / "runs")
+    assert row["error"] == result.error and row["attempts"] == 1
+
+
+def test_a_retryable_failure_from_a_child_is_retried(tmp_path, monkeypatch):
+    def overloaded(setup) -> int:
+        next(_frames(setup))
+        _send(setup, Failure("APIError", "overloaded", True))
+        return 1
+
+    with_child(monkeypatch, overloaded)
+    result = run(runtime(tmp_path))
+    assert not result.ok and result.attempts == 2
+    assert result.errors == ["step child failed: APIError: overloaded"] * 2
+
+
+def test_a_question_from_a_child_is_put_to_the_person_and_answered(tmp_path, monkeypatch):
+    def asks(setup) -> int:
+        frames = _frames(setup)
+        next(frames)
+        _send(setup, Ask("q1", "Which one?", ["red", "blue"], "choice"))
+        answer = next(frames)
+        assert isinstance(answer, Answer)
+        _send(setup, Result(StepResult(step="s", ok=True, text=f"{answer.state}:{answer.text}").to_dict()))
+        return 0
+
+    asked: list[Ask] = []
+
+    async def person(question: Ask) -> str:
+        asked.append(question)
+        return "blue"
+
+    with_child(monkeypatch, asks)
+    rt = runtime(tmp_path)
+    rt.placement = Forked(ask=person)
+    result = run(rt)
+    assert result.ok and result.text == "answered:blue"
+    assert [q.question for q in asked] == ["Which one?"]
+
+
+def test_a_prepared_child_runs_its_step_and_an_unneeded_one_exits_unstarted(tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def stand_in(setup) -> int:
+        # What the real child does with its frames, minus the CLI: note each one by label.
+        for msg in _frames(setup):
+            (marks / f"{setup.call.label}.{os.getpid()}.{msg.TYPE}").touch()
+            if isinstance(msg, Start):
+                _send(setup, Result(StepResult(step=msg.label, ok=True, text=msg.prompt).to_dict()))
+                return 0
+            if isinstance(msg, Shutdown):
+                return 0
+        return 3
+
+    with_child(monkeypatch, stand_in)
+    rt = runtime(tmp_path)
+    placement = rt.placement
+    assert isinstance(placement, Forked)
+
+    async def go() -> tuple[StepResult, int, int]:
+        rt.prepare([StepCall(SPEC, "", "a"), StepCall(SPEC, "", "b")])
+        (a_child, b_child) = placement.prepared
+        result = await rt.run(SPEC, "the prompt of a", step_name="a")
+        rt.prepare([])  # the flow moved on without b
+        await rt.drain()
+        return result, a_child.pid, b_child.pid
+
+    try:
+        result, a_pid, b_pid = asyncio.run(go())
+    finally:
+        rt.close()
+    assert result.ok and result.text == "the prompt of a"
+    assert sorted(p.name for p in marks.iterdir()) == sorted(
+        [f"a.{a_pid}.start", f"b.{b_pid}.shutdown"]
+    ), "a did not run in its prepared child, or b was started"
+    assert [r["step"] for r in read_manifest(tmp_path / "runs")] == ["a"]
+    assert not (tmp_path / "runs" / "logs" / rt.run_id / "b.log").exists()  # empty: removed
+
+
+def test_a_prepared_child_that_died_is_replaced_without_using_an_attempt(tmp_path, monkeypatch):
+    def stand_in(setup) -> int:
+        if setup.call.prompt == "":  # the prepared one dies before its step comes
+            return 9
+        for msg in _frames(setup):
+            if isinstance(msg, Start):
+                _send(setup, Result(StepResult(step=msg.label, ok=True, text="fresh").to_dict()))
+                return 0
+        return 3
+
+    with_child(monkeypatch, stand_in)
+    rt = runtime(tmp_path)
+    placement = rt.placement
+    assert isinstance(placement, Forked)
+
+    async def go() -> StepResult:
+        rt.prepare([StepCall(SPEC, "", "a")])
+        (prepared,) = placement.prepared
+        while prepared.poll() is None:  # wait for its death, not for a fixed time
+            await asyncio.sleep(0.01)
+        return await rt.run(SPEC, "go", step_name="a")
+
+    try:
+        result = asyncio.run(go())
+    finally:
+        rt.close()
+    assert result.ok and result.text == "fresh" and result.attempts == 1 and result.errors == []

@@ -36,3 +36,11 @@ bursts = Workflow(
     [Step("s529", hands, "[[s529]] go"), Step("s429", hands, "[[s429]] go")],
     name="bursts",
 )
+
+# One count for every kind of failed attempt (issue 7): 529s and deaths of the step child.
+mixed = single("mixed")  # every request: held 2 s, then a 529; the test kills every 2nd child
+dead = single("dead")  # every request held; the test kills the child each time
+backoff = single("backoff")  # a death, then Ctrl-C during the backoff that follows
+
+# The same fault sequence through both placements (in-process and forked).
+seq = Workflow([Step("seq", hands, "[[seq]] go")], name="seq")
