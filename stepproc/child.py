@@ -75,6 +75,18 @@ def child_main(setup: ChildSetup) -> int:
         return loop.run_until_complete(_serve(setup))
     finally:
         PROCS.kill_descendants()
+        _close_store(setup.seat.store)
+
+
+def _close_store(store: Any) -> None:
+    """Close this process's connection to sessions.db: the last one to close copies the WAL
+    back into the database, so a finished run leaves no ``-wal`` file behind."""
+    close = getattr(store, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception as exc:  # noqa: BLE001 - exiting anyway; the next open recovers the WAL
+            print(f"flower step child: closing sessions.db: {exc}", file=sys.stderr)
 
 
 def _isolate(setup: ChildSetup) -> None:

@@ -312,6 +312,10 @@ class Forked:
         for call in calls:
             if any(_fits(child, call) for child in self.prepared):
                 continue
+            if call.resume and call.resume in self._closing:
+                # Its CLI would load that session while the last one is still flushing it:
+                # the attempt waits for that, then forks.
+                continue
             try:
                 self.prepared.append(self._spawn(call, seat))
             except OSError as exc:  # preparing is an optimisation: the attempt forks later

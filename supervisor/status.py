@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +110,7 @@ def collect(run_dir: Path) -> Report:
     registry = Registry(run_dir)
     records = registry.records()
     views = [_view(r, records) for r in records]
-    problems = _damaged(run_dir, registry)
+    problems = _damaged(run_dir, registry, dict(state.get("steps") or {}))
     rows = [] if any(p["file"].endswith(manifest.MANIFEST_NAME) for p in problems) else read_manifest(run_dir)
     return Report(
         run_dir,
@@ -123,15 +124,38 @@ def collect(run_dir: Path) -> Report:
     )
 
 
-def _damaged(run_dir: Path, registry: Registry) -> list[dict[str, str]]:
-    """Every run-state file that a start would set aside, and why."""
+def _damaged(run_dir: Path, registry: Registry, steps: dict[str, str]) -> list[dict[str, str]]:
+    """Every run-state file that a start would set aside or start fresh from, and why."""
+    db = run_dir / SESSIONS_DB
+    db_problem = db_damage(db)
     found = [
         (run_dir / lineage.LINEAGE_NAME, lineage.damage(run_dir)),
         (run_dir / manifest.MANIFEST_NAME, manifest.damage(run_dir)),
-        (run_dir / SESSIONS_DB, db_damage(run_dir / SESSIONS_DB)),
+        (db, db_problem),
         *((path, "is not a flower record") for path in registry.damaged()),
     ]
+    if not db_problem:
+        gone = [f"{name!r} ({sid})" for name, sid in steps.items() if not _stored(db, sid)]
+        if gone:
+            why = f"names sessions that {SESSIONS_DB} does not have, for step {', '.join(gone)}"
+            found.append((run_dir / lineage.LINEAGE_NAME, why))
     return [{"file": str(path), "problem": why} for path, why in found if why]
+
+
+def _stored(db: Path, session_id: str) -> bool:
+    """Does ``sessions.db`` hold a main transcript of ``session_id``? (True when it cannot
+    be asked: status reports what it knows, and a store it cannot read is not "gone".)"""
+    if not db.exists():
+        return False
+    try:
+        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            sql = "SELECT 1 FROM meta WHERE session_id = ? AND subpath IS NULL LIMIT 1"
+            return conn.execute(sql, (session_id,)).fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return True
 
 
 def _set_aside(run_dir: Path, registry: Registry) -> list[str]:
@@ -202,10 +226,7 @@ def render_text(rep: Report) -> str:
         lines.extend(_row_line(row) for row in rep.rows)
     if rep.damaged:
         lines.append("")
-        lines.extend(
-            f"! {d['file']} {d['problem']}: the next start sets it aside and starts it fresh"
-            for d in rep.damaged
-        )
+        lines.extend(f"! {d['file']} {d['problem']}: {_consequence(d)}" for d in rep.damaged)
     if rep.set_aside:
         lines.append("")
         lines.append(f"set aside ({len(rep.set_aside)}, kept for you to look at; flower never deletes them)")
@@ -227,6 +248,12 @@ def _flower_lines(f: FlowerView) -> list[str]:
             f"      resume: cd {shlex.quote(r.cwd or '.')} && {shlex.join(f.resume_command)}"
         )
     return out
+
+
+def _consequence(d: dict[str, str]) -> str:
+    if "does not have" in d["problem"]:
+        return "the next start begins those steps fresh"
+    return "the next start sets it aside and starts a fresh one"
 
 
 def _row_line(row: dict[str, Any]) -> str:

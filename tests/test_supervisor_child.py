@@ -244,3 +244,40 @@ def test_a_prepared_child_that_died_is_replaced_without_using_an_attempt(tmp_pat
     finally:
         rt.close()
     assert result.ok and result.text == "fresh" and result.attempts == 1 and result.errors == []
+
+
+def test_no_child_is_prepared_for_a_session_still_being_flushed(tmp_path, monkeypatch):
+    gate = tmp_path / "may-exit"
+
+    def slow_exit(setup) -> int:
+        for msg in _frames(setup):
+            if isinstance(msg, Shutdown):
+                return 0
+            if isinstance(msg, Start):
+                _send(setup, Result(StepResult(step=msg.label, session_id="S", ok=True).to_dict()))
+                break
+        while not gate.exists():  # "its CLI is still writing the transcript"
+            time.sleep(0.01)
+        return 0
+
+    with_child(monkeypatch, slow_exit)
+    rt = runtime(tmp_path)
+    placement = rt.placement
+    assert isinstance(placement, Forked)
+
+    async def go() -> tuple[int, int]:
+        await rt.run(SPEC, "go", step_name="a")
+        rt.prepare([StepCall(SPEC, "", "b", resume="S")])  # b continues a's session
+        while_closing = len(placement.prepared)
+        gate.touch()
+        await rt.drain()
+        rt.prepare([StepCall(SPEC, "", "b", resume="S")])
+        after = len(placement.prepared)
+        rt.prepare([])
+        await rt.drain()
+        return while_closing, after
+
+    try:
+        assert asyncio.run(go()) == (0, 1)
+    finally:
+        rt.close()

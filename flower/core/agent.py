@@ -13,13 +13,22 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._errors import ConfigError
+
 if TYPE_CHECKING:
     from claude_agent_sdk import ClaudeAgentOptions
     from claude_agent_sdk.types import SessionStore
 
-# The repository's plugin/ directory (three levels up from this file); a pip install may
-# not ship it, so build_options checks is_dir() before using it.
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugin"
+# The values the SDK's ClaudeAgentOptions accepts (its PermissionMode and EffortLevel
+# Literals; tests/test_agent.py holds these against the installed SDK). A spec outside them is
+# a person's mistake, said at once, not an attempt that fails six times.
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk", "auto")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+# Fields that take effect only once the hook layer exists (the roles and guards of a later
+# issue): until then they must not change a step's input hash, or toggling one would stop
+# finished steps from being reused for nothing.
+RESERVED = ("glance", "workbench", "delegate_only")
 
 
 @dataclass
@@ -64,16 +73,44 @@ class AgentSpec:
     workbench: bool = True
     delegate_only: bool = False
 
+    def __post_init__(self) -> None:
+        problem = _spec_problem(self)
+        if problem:
+            raise ConfigError(f"agent {self.name!r}: {problem}", hint=_SPEC_HINT)
+
     def fingerprint(self) -> str:
         """A stable digest of everything that shapes what this agent does.
 
         Part of a step's input hash (seed 004): change the instructions, tools or model and a
         completed step is no longer "the same step". Callables (hooks, in-process MCP servers)
-        enter by their qualified names, since their code cannot be hashed meaningfully.
+        enter by their qualified names, since their code cannot be hashed meaningfully. The
+        :data:`RESERVED` fields stay out until they have an effect.
         """
-        data = {f.name: _stable(getattr(self, f.name)) for f in fields(self)}
+        data = {f.name: _stable(getattr(self, f.name)) for f in fields(self) if f.name not in RESERVED}
         raw = json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr)
         return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
+
+
+_SPEC_HINT = "see AgentSpec's fields in the flower API reference"
+
+
+def _spec_problem(spec: AgentSpec) -> str | None:
+    """Why ``spec`` cannot be given to the SDK, or None."""
+    if not isinstance(spec.name, str) or not spec.name:
+        return "name must be a non-empty string"
+    if spec.permission_mode not in PERMISSION_MODES:
+        return f"permission_mode {spec.permission_mode!r} is not one of {', '.join(PERMISSION_MODES)}"
+    if spec.effort is not None and spec.effort not in EFFORTS:
+        return f"effort {spec.effort!r} is not one of {', '.join(EFFORTS)}"
+    for name in ("allowed_tools", "disallowed_tools"):
+        tools = getattr(spec, name)
+        if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+            return f"{name} must be a list of tool names"
+    if spec.hooks is not None and not (
+        isinstance(spec.hooks, dict) and all(isinstance(m, list) for m in spec.hooks.values())
+    ):
+        return "hooks must map a hook event to a list of HookMatcher"
+    return None
 
 
 def _stable(value: Any) -> Any:
@@ -98,7 +135,6 @@ def build_options(
     resume: str | None = None,
     fork: bool = False,
     resume_at: str | None = None,
-    use_plugin: bool = True,
     portable: bool = True,
     add_dirs: list[str] | None = None,
     flush: str = "eager",
@@ -112,6 +148,10 @@ def build_options(
     nothing in sessions.db to resume from. ``portable=True`` keeps the user's and the
     project's Claude settings files out (``setting_sources=[]``), so a flow behaves the same
     on every machine. ``hooks`` are extra hook matchers merged after ``spec.hooks``.
+    ``add_dirs`` are more directories the CLI may read and write (a workbench that lives
+    outside the workspace); ``prelude`` is a block appended after the instructions (the
+    workbench's index). Seed 003's ``use_plugin`` is not here: flower ships no Claude Code
+    plugin for it to load.
     """
     from claude_agent_sdk import ClaudeAgentOptions
 
@@ -121,9 +161,6 @@ def build_options(
         system_prompt["append"] = append
     env = dict(spec.compact.env()) if spec.compact else {}
     env.update(spec.env)
-    plugins: list[Any] = []
-    if use_plugin and PLUGIN_DIR.is_dir():
-        plugins.append({"type": "local", "path": str(PLUGIN_DIR)})
     return ClaudeAgentOptions(
         system_prompt=system_prompt,
         allowed_tools=list(spec.allowed_tools),
@@ -145,7 +182,6 @@ def build_options(
         resume_session_at=resume_at,
         add_dirs=list(add_dirs or []),
         setting_sources=[] if portable else None,
-        plugins=plugins,
     )
 
 

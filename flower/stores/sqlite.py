@@ -654,7 +654,8 @@ class SqliteSessionStore(SessionStore):
                 conn.execute(statement)
 
     def _unusable(self, why: BaseException | str) -> SessionStoreDamaged:
+        what = why if isinstance(why, str) else f"is not a usable SQLite database ({why})"
         return SessionStoreDamaged(
-            f"{self.path} is not a usable SQLite database: {why}",
+            f"{self.path} {what}",
             hint="move it aside (flower never deletes it) and run again to start a fresh one",
         )

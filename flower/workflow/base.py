@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 Ctx = dict[str, Any]
 
-#: How many steps ahead a placement is told about (see ``_Run._prepare_after``).
+#: How many steps ahead a placement is told about (see ``_Run._prepare``).
 LOOKAHEAD = 1
 
 ON_FAIL = ("stop", "continue")
@@ -207,7 +207,7 @@ class _Run:
                 },
             )
         )
-        self._prepare_after(index)
+        self._prepare(index, StepCall(step.spec, "", step.name, resume, step.fork))
         result, passed = await self._attempts(step, prompt, prompt_cur, resume)
         if passed:
             value = step.reduce(result, ctx) if step.reduce else result.text
@@ -259,12 +259,13 @@ class _Run:
         assert result is not None
         return result, passed
 
-    def _prepare_after(self, index: int) -> None:
-        """Tell the runtime which first attempts come next, so a placement can get them
-        ready while this step runs (only their prompt waits for ctx)."""
+    def _prepare(self, index: int, now: StepCall) -> None:
+        """Tell the runtime which first attempts come now and next, so a placement can get
+        them ready while this step runs (only their prompt waits for ctx). ``now`` is the
+        step about to run: a child already prepared for it is kept for it."""
         steps = self.wf.steps[index + 1 : index + 1 + LOOKAHEAD]
         calls = [c for j, s in enumerate(steps, index + 1) if (c := self._likely_call(j, s, index))]
-        self.rt.prepare(calls)
+        self.rt.prepare([now, *calls])
 
     def _likely_call(self, j: int, step: Step, running: int) -> StepCall | None:
         """Step ``j``'s first attempt as far as it is known while step ``running`` runs

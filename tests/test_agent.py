@@ -1,0 +1,73 @@
+"""AgentSpec and build_options: a bad spec is one clear error at once; every option does
+what its name says; fields without an effect yet stay out of the input hash."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from claude_agent_sdk import HookMatcher
+from claude_agent_sdk.types import EffortLevel, PermissionMode
+
+from flower import AgentSpec, ConfigError, build_options
+from flower.core.agent import EFFORTS, PERMISSION_MODES, RESERVED
+
+SPEC = AgentSpec(name="a", instructions="do things")
+
+
+def test_the_accepted_values_are_the_sdks() -> None:
+    assert set(PERMISSION_MODES) == set(typing.get_args(PermissionMode))
+    assert set(EFFORTS) == set(typing.get_args(EffortLevel))
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"permission_mode": "yolo"}, "permission_mode 'yolo' is not one of"),
+        ({"effort": "extreme"}, "effort 'extreme' is not one of"),
+        ({"allowed_tools": "Bash"}, "allowed_tools must be a list"),
+        ({"disallowed_tools": [1]}, "disallowed_tools must be a list"),
+        ({"hooks": {"PreToolUse": 5}}, "hooks must map a hook event to a list"),
+        ({"name": ""}, "name must be a non-empty string"),
+    ],
+)
+def test_a_spec_the_sdk_cannot_take_is_one_clear_error(changes: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says) as info:
+        AgentSpec(**{"name": "a", "instructions": "x", **changes})
+    assert info.value.hint
+
+
+def test_reserved_fields_stay_out_of_the_fingerprint_until_they_do_something() -> None:
+    base = SPEC.fingerprint()
+    for name in RESERVED:
+        flipped = replace(SPEC, **{name: not getattr(SPEC, name)})
+        assert flipped.fingerprint() == base, name
+    assert replace(SPEC, instructions="other").fingerprint() != base
+    assert replace(SPEC, allowed_tools=["Bash"]).fingerprint() != base
+
+
+def test_build_options_passes_what_each_option_names(tmp_path: Path) -> None:
+    async def hook(data, tool_use_id, context):  # noqa: ANN001 - the SDK's hook signature
+        return {}
+
+    extra = {"PostToolUse": [HookMatcher(matcher="Bash", hooks=[hook])]}
+    spec = replace(SPEC, hooks={"PreToolUse": [HookMatcher(matcher="Write", hooks=[hook])]})
+    opts = build_options(
+        spec,
+        cwd=tmp_path,
+        resume="sid",
+        fork=True,
+        resume_at="uuid-1",
+        add_dirs=[str(tmp_path / "bench")],
+        prelude="INDEX OF THE WORKBENCH",
+        hooks=extra,
+        portable=True,
+    )
+    assert opts.add_dirs == [str(tmp_path / "bench")]
+    assert opts.system_prompt["append"] == "do things\n\nINDEX OF THE WORKBENCH"
+    assert (opts.resume, opts.fork_session, opts.resume_session_at) == ("sid", True, "uuid-1")
+    assert set(opts.hooks) == {"PreToolUse", "PostToolUse"}
+    assert opts.setting_sources == [] and opts.cwd == str(tmp_path)
+    assert opts.session_store_flush == "eager"
