@@ -38,13 +38,13 @@ def damage(path: str | Path) -> str | None:
     if not head:
         return None  # SQLite makes an empty file a new database
     if len(head) < HEADER_BYTES or not head.startswith(HEADER):
-        return "is not an SQLite database"
+        return "is not a usable SQLite database (it has no SQLite header)"
     page_size = int.from_bytes(head[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(head[28:32], "big")
     counter_valid = head[24:28] == head[92:96]  # the header's page count is current
     if counter_valid and pages and not _wal_has_frames(p) and size < pages * page_size:
-        return f"is cut short ({size} of {pages * page_size} bytes)"
+        return f"is not a usable SQLite database (cut short: {size} of {pages * page_size} bytes)"
     return None
 
 
