@@ -7,6 +7,8 @@ Every error a person can cause (a bad flow path, a missing key, a corrupt file) 
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FlowerError(Exception):
     """Root of every error flower raises on purpose."""
@@ -16,7 +18,7 @@ class FlowerError(Exception):
         self.message = message
         self.hint = hint
 
-    def __reduce__(self):  # survive pickling across a process boundary
+    def __reduce__(self) -> tuple[Any, ...]:  # survive pickling across a process boundary
         return (_rebuild, (type(self), self.message, self.hint))
 
     def one_line(self) -> str:
@@ -52,7 +54,7 @@ class AttemptCrash(FlowerError):
         self.detail = detail
         self.log = log
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_crash, (self.kind, self.text, self.detail, self.log))
 
     def one_line(self) -> str:

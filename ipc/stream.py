@@ -63,7 +63,9 @@ class LineReader:
         self._skipping = False
         return out
 
-    def _hold(self, data: bytes | bytearray, start: int, end: int, out: list) -> None:
+    def _hold(
+        self, data: bytes | bytearray, start: int, end: int, out: list[Message | ProtocolError]
+    ) -> None:
         if self._skipping or start == end:
             return
         if len(self._buf) + (end - start) > self.max_line_bytes:
@@ -74,7 +76,7 @@ class LineReader:
             return
         self._buf += memoryview(data)[start:end]
 
-    def _finish_line(self, out: list) -> None:
+    def _finish_line(self, out: list[Message | ProtocolError]) -> None:
         if self._skipping:
             self._skipping = False
             return

@@ -9,7 +9,7 @@ fi
 STAMP="$VENV/.flower-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test,dev]"
     touch "$STAMP"
 fi
 PY="$VENV/bin/python"

@@ -24,9 +24,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from flower.util.fsutil import atomic_write_text, private_dir
 from flower.core.manifest import MANIFEST_NAME, Manifest, manifest_row
 from flower.core.result import StepResult
+from flower.util.fsutil import atomic_write_text, private_dir
 
 _TEXT = (
     "改好了:把 md 转 html 的脚本加上了代码块高亮,用的是 pygments;"

@@ -18,6 +18,7 @@ Usage: .venv/bin/python scripts/bench_supervisor.py [--rounds 4] [--steps 8]
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -38,7 +39,8 @@ from flower.core.agent import AgentSpec
 from flower.workflow import Step, Workflow
 spec = AgentSpec(name="bench", instructions="answer briefly", allowed_tools=[])
 N = int(os.environ["BENCH_STEPS"])
-flow = Workflow([Step(f"s{i}", spec, f"[[bench]] step {i}") for i in range(N)], name="bench", continuous=False)
+steps = [Step(f"s{i}", spec, f"[[bench]] step {i}") for i in range(N)]
+flow = Workflow(steps, name="bench", continuous=False)
 """
 
 
@@ -78,7 +80,7 @@ def flower_steps(env: dict[str, str], root: Path, n: int, r: int) -> list[float]
     )
     rows = json.loads((runs / "manifest.json").read_text())
     starts = [row["started_at"] for row in rows]
-    return [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(starts)]
 
 
 def sdk_import() -> float:
@@ -115,7 +117,8 @@ def main() -> None:
 def report(bare: list[float], steps: list[float], imports: list[float]) -> None:
     def row(name: str, xs: list[float]) -> str:
         q = statistics.quantiles(xs, n=10)
-        return f"{name:<34}{len(xs):>4}  {statistics.median(xs) * 1000:>8.0f}  {q[0] * 1000:>8.0f}  {q[-1] * 1000:>8.0f}"
+        ms = [statistics.median(xs) * 1000, q[0] * 1000, q[-1] * 1000]
+        return f"{name:<34}{len(xs):>4}" + "".join(f"  {v:>8.0f}" for v in ms)
 
     print(f"{'':<34}{'n':>4}  {'median':>8}  {'p10':>8}  {'p90':>8}   (ms)")
     print(row("bare `claude -p` turn", bare))

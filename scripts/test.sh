@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Run the whole test suite (sets up ./.venv first). Extra arguments go to pytest.
+# The whole check (sets up ./.venv first): style (ruff), formatting (ruff format), types
+# (mypy), then the test suite. Extra arguments go to pytest.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
-exec "$PY" -m pytest "$@"
+echo "== ruff check" && "$VENV/bin/ruff" check .
+echo "== ruff format --check" && "$VENV/bin/ruff" format --check .
+echo "== mypy" && "$VENV/bin/mypy"
+echo "== pytest" && exec "$PY" -m pytest "$@"

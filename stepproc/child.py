@@ -19,6 +19,7 @@ or EOF on the parent's pipe all end in killing every descendant.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -100,10 +101,8 @@ def _isolate(setup: ChildSetup) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     PROCS.die_with_parent(signal.SIGTERM, parent=setup.parent_pid)
     for fd in setup.close_fds:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     _redirect_stdio(setup.log_path)
 
 
@@ -132,7 +131,9 @@ class _Child:
         self.reader = LineReader()
         self.started: asyncio.Future[Start] = asyncio.get_running_loop().create_future()
         self.interrupts = Interrupts()
-        watch = Watch(on_session=self.on_session, on_event=self.on_event, on_handle=self.interrupts.attach)
+        watch = Watch(
+            on_session=self.on_session, on_event=self.on_event, on_handle=self.interrupts.attach
+        )
         self.attempt = SdkAttempt(setup.call, setup.seat, watch)
         self.work: asyncio.Task[int] | None = None
 
@@ -173,7 +174,9 @@ class _Child:
             start = await self.started
             problem = _mismatch(start, self.setup.call)
             if problem:
-                self.send(Failure(kind="ProtocolError", message=problem, retryable=True, cause=None))
+                self.send(
+                    Failure(kind="ProtocolError", message=problem, retryable=True, cause=None)
+                )
                 return 1
             print(f"--- {start.label}: attempt {start.attempt} (pid {os.getpid()})", flush=True)
             await connecting
@@ -227,6 +230,8 @@ async def _serve(setup: ChildSetup) -> int:
         traceback.print_exception(exc)
         sys.stderr.flush()
         child.send(
-            Failure(kind=crash.kind, message=crash.text, retryable=False, cause=crash.detail[-4000:])
+            Failure(
+                kind=crash.kind, message=crash.text, retryable=False, cause=crash.detail[-4000:]
+            )
         )
         return 1

@@ -13,11 +13,16 @@ import click
 
 from flower import FlowerError, __version__
 
-RUN_DIR_HELP = "run directory holding lineage.json, manifest.json, sessions.db (default ./runs, relative to the current directory)"
+RUN_DIR_HELP = (
+    "run directory holding lineage.json, manifest.json, sessions.db"
+    " (default ./runs, relative to the current directory)"
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="flower-super", message="%(prog)s %(version)s")
+@click.version_option(
+    __version__, "--version", prog_name="flower-super", message="%(prog)s %(version)s"
+)
 def main() -> None:
     """flower-super: run flower workflows with one supervised child process per step.
 

@@ -57,7 +57,7 @@ def demo_script(ws: Path) -> dict[str, Any]:
                             },
                         }
                     },
-                    # The model "thinks" for a long time here, once: the demo kills the supervisor now.
+                    # The model "thinks" long here, once: the demo kills the supervisor now.
                     {"text": "草稿写好了:draft.md。", "delay": STEP_TIMEOUT, "times": 1},
                 ],
             },
@@ -176,7 +176,8 @@ def _show_resume_facts(server: Any, say: _Narrator, killed_at: int) -> None:
             for b in (m.get("content") if isinstance(m.get("content"), list) else [])
         ]
         say.line(
-            f"   第二次跑 写稿 的第一个请求带着之前的 {kinds.count('tool_use')} 次工具调用和它的结果,模型接着说"
+            f"   第二次跑 写稿 的第一个请求带着之前的 {kinds.count('tool_use')} 次工具调用"
+            "和它的结果,模型接着说"
         )
 
 

@@ -75,7 +75,8 @@ def _import_file(path_text: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     sys.path.insert(0, str(path.resolve().parent))
-    _run_user_code(lambda: spec.loader.exec_module(module), str(path))  # type: ignore[union-attr]
+    loader = spec.loader
+    _run_user_code(lambda: loader.exec_module(module), str(path))
     return module
 
 
@@ -111,7 +112,7 @@ def _run_user_code(fn: Any, where: str) -> Any:
 
 
 # flower's own source and the import machinery: a frame there is never the user's mistake.
-_OURS = tuple(str(Path(m.__file__).resolve().parent) for m in (flower, sys.modules[__name__]))
+_OURS = tuple(str(Path(m.__file__ or "").resolve().parent) for m in (flower, sys.modules[__name__]))
 
 
 def _where_in_user_code(exc: BaseException) -> str:

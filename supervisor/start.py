@@ -15,6 +15,7 @@ Signals, as DESIGN.md's table says:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -171,7 +172,5 @@ class SignalDesk:
 
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass

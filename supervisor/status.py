@@ -19,8 +19,6 @@ from flower import FlowerError
 from flower.core import lineage, manifest
 from flower.core.lineage import peek
 from flower.core.manifest import read_manifest
-from flower.stores import SESSIONS_DB
-from flower.stores.dbfile import damage as db_damage
 from flower.core.registry import (
     FAILED,
     FINISHED,
@@ -30,6 +28,8 @@ from flower.core.registry import (
     FlowerRecord,
     Registry,
 )
+from flower.stores import SESSIONS_DB
+from flower.stores.dbfile import damage as db_damage
 
 LAST_ROWS = 10
 RESUMABLE = "interrupted-resumable"
@@ -111,7 +111,11 @@ def collect(run_dir: Path) -> Report:
     records = registry.records()
     views = [_view(r, records) for r in records]
     problems = _damaged(run_dir, registry, dict(state.get("steps") or {}))
-    rows = [] if any(p["file"].endswith(manifest.MANIFEST_NAME) for p in problems) else read_manifest(run_dir)
+    rows = (
+        []
+        if any(p["file"].endswith(manifest.MANIFEST_NAME) for p in problems)
+        else read_manifest(run_dir)
+    )
     return Report(
         run_dir,
         state.get("workspace"),
@@ -229,7 +233,9 @@ def render_text(rep: Report) -> str:
         lines.extend(f"! {d['file']} {d['problem']}: {_consequence(d)}" for d in rep.damaged)
     if rep.set_aside:
         lines.append("")
-        lines.append(f"set aside ({len(rep.set_aside)}, kept for you to look at; flower never deletes them)")
+        lines.append(
+            f"set aside ({len(rep.set_aside)}, kept for you to look at; flower never deletes them)"
+        )
         lines.extend(f"  {path}" for path in rep.set_aside)
     if rep.dead_unfinished:
         lines.append("")
@@ -241,7 +247,10 @@ def _flower_lines(f: FlowerView) -> list[str]:
     r = f.record
     live = "live" if f.alive else "dead"
     head = f"  {r.run}  {r.flow}  pid {r.pid} {live}  {f.state}"
-    detail = f"      step {r.step or '-'}  session {r.session_id or '-'}  attempt {r.attempt}  woke {r.woke}  elapsed {_dur(_elapsed(r, f.alive))}"
+    detail = (
+        f"      step {r.step or '-'}  session {r.session_id or '-'}  attempt {r.attempt}"
+        f"  woke {r.woke}  elapsed {_dur(_elapsed(r, f.alive))}"
+    )
     out = [head, detail]
     if f.resume_command:
         out.append(
@@ -259,9 +268,10 @@ def _consequence(d: dict[str, str]) -> str:
 def _row_line(row: dict[str, Any]) -> str:
     mark = "✓" if row.get("ok") else "✗"
     err = f"  {row.get('error')}" if row.get("error") else ""
+    took, cost = float(row.get("duration_s") or 0), float(row.get("cost_usd") or 0)
     return (
-        f"  {mark} {row.get('step')}  {float(row.get('duration_s') or 0):.1f}s  ${float(row.get('cost_usd') or 0):.4f}"
-        f"  attempts {row.get('attempts')}  session {row.get('session_id') or '-'}  run {row.get('run')}{err}"
+        f"  {mark} {row.get('step')}  {took:.1f}s  ${cost:.4f}  attempts {row.get('attempts')}"
+        f"  session {row.get('session_id') or '-'}  run {row.get('run')}{err}"
     )
 
 

@@ -71,17 +71,20 @@ class Terminal:
         p = ev.payload
         if DIED in str(p.get("error", "")):
             self.say(
-                f"  … 步骤子进程意外退出,{p.get('delay', 0)} 秒后换一个子进程接着同一条会话(第 {p.get('attempt')} 次失败)"
+                f"  … 步骤子进程意外退出,{p.get('delay', 0)} 秒后换一个子进程接着同一条会话"
+                f"(第 {p.get('attempt')} 次失败)"
             )
         else:
             self.say(
-                f"  … API 暂时不可用:网络通了再等 {p.get('delay', 0)} 秒,在同一条会话上接着做(第 {p.get('attempt')} 次失败)"
+                f"  … API 暂时不可用:网络通了再等 {p.get('delay', 0)} 秒,在同一条会话上接着做"
+                f"(第 {p.get('attempt')} 次失败)"
             )
 
     def _ev_offline(self, ev: Event) -> None:
         p = ev.payload
         self.say(
-            f"  … 连不上 API,等网络恢复(已等 {p.get('elapsed', 0)} 秒,每 {p.get('interval', 0):g} 秒探一次;Ctrl-C 可以打断)"
+            f"  … 连不上 API,等网络恢复(已等 {p.get('elapsed', 0)} 秒,"
+            f"每 {p.get('interval', 0):g} 秒探一次;Ctrl-C 可以打断)"
         )
 
     def _ev_handoff(self, ev: Event) -> None:
@@ -149,7 +152,7 @@ class Terminal:
             self.say(f"  {i}. {opt}")
         line = await self.read_line("> ")
         if line and options and line.isdigit() and 1 <= int(line) <= len(options):
-            return options[int(line) - 1]
+            return str(options[int(line) - 1])
         return line
 
 

@@ -8,6 +8,7 @@ checked against the whole process table, not against a snapshot taken too early.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -168,17 +169,13 @@ class Flower:
 
     def cleanup(self) -> None:
         for p in self.survivors():
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
                 proc.communicate(timeout=10)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
 
 
 def cli_under(pid: int) -> list[psutil.Process]:

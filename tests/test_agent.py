@@ -49,7 +49,7 @@ def test_reserved_fields_stay_out_of_the_fingerprint_until_they_do_something() -
 
 
 def test_build_options_passes_what_each_option_names(tmp_path: Path) -> None:
-    async def hook(data, tool_use_id, context):  # noqa: ANN001 - the SDK's hook signature
+    async def hook(data, tool_use_id, context):
         return {}
 
     extra = {"PostToolUse": [HookMatcher(matcher="Bash", hooks=[hook])]}

@@ -57,7 +57,9 @@ def test_a_run_dir_that_is_a_file_is_one_line(tmp_path):
 
 def test_a_syntax_error_in_a_flow_file_points_at_that_file_and_line(tmp_path):
     flow = tmp_path / "myflow.py"
-    flow.write_text("from flower import Workflow\n\nflow = Workflow([\n    Step(\n", encoding="utf-8")
+    flow.write_text(
+        "from flower import Workflow\n\nflow = Workflow([\n    Step(\n", encoding="utf-8"
+    )
     done = flower_super(tmp_path, "start", "--flow", "myflow.py:flow", "-w", str(tmp_path))
     (_, hint) = one_line_with_hint(done, "is not valid Python")
     assert f"at {flow}:" in hint or "at myflow.py:" in hint, hint
@@ -67,7 +69,7 @@ def test_a_syntax_error_in_a_flow_file_points_at_that_file_and_line(tmp_path):
 def test_an_error_raised_by_a_flow_file_points_at_the_users_line(tmp_path):
     (tmp_path / "raises.py").write_text("x = 1\nflow = undefined_name\n", encoding="utf-8")
     done = flower_super(tmp_path, "start", "--flow", "raises.py:flow", "-w", str(tmp_path))
-    (line, hint) = one_line_with_hint(done, "NameError")
+    (_, hint) = one_line_with_hint(done, "NameError")
     assert hint.endswith("raises.py:2"), hint
 
 

@@ -95,7 +95,10 @@ def test_mixed_faults_share_one_count_and_so_do_deaths_alone(model_server, flowe
         assert not row["ok"] and row["attempts"] == 6 and len(row["errors"]) == 6, row
         assert len(asked(server, name)) == 6, "more attempts reached the model than max_attempts"
         f.assert_no_survivors()
-    kinds = ["529" if "529" in e else "died" if DIED in e else e for e in mixed.rows("mixed")[0]["errors"]]
+    kinds = [
+        "529" if "529" in e else "died" if DIED in e else e
+        for e in mixed.rows("mixed")[0]["errors"]
+    ]
     assert kinds == ["529", "died"] * 3, kinds
     assert all(DIED in e for e in dead.rows("dead")[0]["errors"]), dead.rows("dead")[0]["errors"]
 
@@ -162,7 +165,9 @@ def drive(server: ModelServer, runs: Path, under: int, interrupt: Any) -> None:
     wait_until(lambda: has_tool_result(runs, sid), 10, "the first tool result in sessions.db")
     (cli,) = wait_until(lambda: cli_under(under), 10, "the CLI")
     cli.send_signal(signal.SIGKILL)
-    wait_until(lambda: len([r for r in asked(server, "seq") if r.turn == 1]) == 2, 60, "turn 1 again")
+    wait_until(
+        lambda: len([r for r in asked(server, "seq") if r.turn == 1]) == 2, 60, "turn 1 again"
+    )
     wait_until(lambda: cli_under(under), 10, "the resumed CLI")
     interrupt()
 
@@ -172,7 +177,9 @@ def normalized(row: dict[str, Any]) -> dict[str, Any]:
     names: dict[str, str] = {}
     for sid in [*row["retired"], row["session_id"]]:
         names.setdefault(sid, f"S{len(names) + 1}")
-    keep = {k: v for k, v in row.items() if k not in ("started_at", "ended_at", "duration_s", "run")}
+    keep = {
+        k: v for k, v in row.items() if k not in ("started_at", "ended_at", "duration_s", "run")
+    }
     keep["session_id"] = names[row["session_id"]]
     keep["retired"] = [names[s] for s in row["retired"]]
     keep["cost_usd"] = round(row["cost_usd"], 6)
@@ -260,9 +267,7 @@ class CountingProbes(Resilience):
 
 
 @pytest.mark.timeout(60)  # one in-process attempt
-def test_a_bug_in_flower_in_process_fails_the_step_at_once(
-    model_server, flower_env, monkeypatch
-):
+def test_a_bug_in_flower_in_process_fails_the_step_at_once(model_server, flower_env, monkeypatch):
     server = model_server({"conversations": [conversation("inbug", ["never needed"])]})
     f: Flower = flower_env(server)
     for key, value in f.env.items():

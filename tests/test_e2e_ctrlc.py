@@ -137,9 +137,7 @@ def test_ctrl_c_twice_exits_and_the_next_start_resumes(model_server, flower_env)
 
 
 @pytest.mark.timeout(120)  # one flower run: a death, a backoff cut short, the resumed turn
-def test_ctrl_c_during_the_backoff_after_a_death_reaches_the_same_session(
-    model_server, flower_env
-):
+def test_ctrl_c_during_the_backoff_after_a_death_reaches_the_same_session(model_server, flower_env):
     echo = {"tool_use": {"name": "Bash", "input": {"command": "echo hi", "description": "warm up"}}}
     server = model_server(
         {

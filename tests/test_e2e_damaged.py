@@ -24,7 +24,11 @@ GONE = "00000000-0000-4000-8000-00000000dead"
 
 
 def script() -> dict:
-    return {"conversations": [{"name": "only", "match": {"marker": "[[only]]"}, "turns": ["only done."]}]}
+    return {
+        "conversations": [
+            {"name": "only", "match": {"marker": "[[only]]"}, "turns": ["only done."]}
+        ]
+    }
 
 
 def _record(runs: Path) -> Path:
@@ -46,7 +50,10 @@ def _write(path: Path, data: bytes) -> bytes:
 # name -> (the file, how to damage it; returns the bytes that must survive somewhere in runs/)
 Damage = Callable[[Flower], tuple[Path, bytes]]
 CASES: dict[str, Damage] = {
-    "lineage-garbage": lambda f: (f.runs / "lineage.json", _write(f.runs / "lineage.json", b"{garbage \x00")),
+    "lineage-garbage": lambda f: (
+        f.runs / "lineage.json",
+        _write(f.runs / "lineage.json", b"{garbage \x00"),
+    ),
     "lineage-torn": lambda f: (f.runs / "lineage.json", _cut(f.runs / "lineage.json", 0.5)),
     "lineage-shape": lambda f: (
         f.runs / "lineage.json",
@@ -59,7 +66,10 @@ CASES: dict[str, Damage] = {
             json.dumps({"workspace": str(f.ws), "woke": 1, "steps": {"only": GONE}}).encode(),
         ),
     ),
-    "manifest-garbage": lambda f: (f.runs / "manifest.json", _write(f.runs / "manifest.json", b"not json [[[")),
+    "manifest-garbage": lambda f: (
+        f.runs / "manifest.json",
+        _write(f.runs / "manifest.json", b"not json [[["),
+    ),
     "manifest-torn": lambda f: (f.runs / "manifest.json", _cut(f.runs / "manifest.json", 0.6)),
     "manifest-shape": lambda f: (
         f.runs / "manifest.json",
@@ -79,14 +89,17 @@ def everything_under(runs: Path) -> list[bytes]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_damaged_file_is_set_aside_with_one_line_and_the_flow_runs(case, model_server, flower_env):
+def test_a_damaged_file_is_set_aside_with_one_line_and_the_flow_runs(
+    case, model_server, flower_env
+):
     server = model_server(script())
     f: Flower = flower_env(server)
     code, out = f.run(flow=FLOW)
     assert code == 0, out
-    assert not Path(f"{f.runs / 'sessions.db'}-wal").exists() or os.path.getsize(
-        f"{f.runs / 'sessions.db'}-wal"
-    ) == 0, "the first run left WAL frames: the truncation case would test nothing"
+    assert (
+        not Path(f"{f.runs / 'sessions.db'}-wal").exists()
+        or os.path.getsize(f"{f.runs / 'sessions.db'}-wal") == 0
+    ), "the first run left WAL frames: the truncation case would test nothing"
 
     damaged, data = CASES[case](f)
 

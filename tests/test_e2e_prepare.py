@@ -26,7 +26,9 @@ def conversation(name: str, turns: list[Any]) -> dict[str, Any]:
 
 def held_a(**more: Any) -> dict[str, Any]:
     """Step a is held by the server long enough to look at the supervisor's children."""
-    return {"conversations": [conversation("a", [{"text": "a done.", "delay": 4, "times": 1, **more}])]}
+    return {
+        "conversations": [conversation("a", [{"text": "a done.", "delay": 4, "times": 1, **more}])]
+    }
 
 
 def children_with_a_cli(sup_pid: int) -> list[psutil.Process]:
@@ -40,7 +42,11 @@ def children_with_a_cli(sup_pid: int) -> list[psutil.Process]:
 def prepared_while_a_runs(f: Flower, server: ModelServer, proc: Any) -> int:
     """The pid of the second step child, the one with a started CLI and no request yet."""
     server.wait_for(lambda reqs: [r for r in reqs if r.conversation == "a"], timeout=60)
-    kids = wait_until(lambda: len(children_with_a_cli(proc.pid)) == 2 and children_with_a_cli(proc.pid), 30, "a prepared child with its CLI")
+    kids = wait_until(
+        lambda: len(children_with_a_cli(proc.pid)) == 2 and children_with_a_cli(proc.pid),
+        30,
+        "a prepared child with its CLI",
+    )
     running = {r.session_id for r in server.requests}
     assert running, "step a's request"
     return max(k.pid for k in kids)  # forked after a's child
@@ -48,7 +54,13 @@ def prepared_while_a_runs(f: Flower, server: ModelServer, proc: Any) -> int:
 
 def test_a_prepared_child_whose_step_does_not_run_sends_nothing(model_server, flower_env):
     server = model_server(
-        {"conversations": [*held_a()["conversations"], conversation("b", ["b done."]), conversation("c", ["c done."])]}
+        {
+            "conversations": [
+                *held_a()["conversations"],
+                conversation("b", ["b done."]),
+                conversation("c", ["c done."]),
+            ]
+        }
     )
     f: Flower = flower_env(server)
     proc = f.start(flow=f"{FLOWS}:skipped")
@@ -58,14 +70,18 @@ def test_a_prepared_child_whose_step_does_not_run_sends_nothing(model_server, fl
     assert not [r for r in server.requests if r.conversation == "b"], "b's child sent a request"
     assert [r["step"] for r in f.manifest()] == ["a", "c"]
     assert "b" not in f.lineage()["steps"]
-    assert not psutil.pid_exists(prepared) or psutil.Process(prepared).status() == psutil.STATUS_ZOMBIE
+    assert (
+        not psutil.pid_exists(prepared) or psutil.Process(prepared).status() == psutil.STATUS_ZOMBIE
+    )
     logs = {p.name for p in f.runs.glob("logs/*/*.log")}
     assert "b.log" not in logs, "the unneeded child left an (empty) log behind"
     f.assert_no_survivors()
 
 
 def test_the_next_step_runs_in_the_child_prepared_for_it(model_server, flower_env):
-    server = model_server({"conversations": [*held_a()["conversations"], conversation("b", ["b done."])]})
+    server = model_server(
+        {"conversations": [*held_a()["conversations"], conversation("b", ["b done."])]}
+    )
     f: Flower = flower_env(server)
     proc = f.start(flow=f"{FLOWS}:used")
     prepared = prepared_while_a_runs(f, server, proc)
@@ -78,7 +94,14 @@ def test_the_next_step_runs_in_the_child_prepared_for_it(model_server, flower_en
 
 
 def test_a_flow_that_stops_drops_the_child_prepared_for_the_next_step(model_server, flower_env):
-    server = model_server({"conversations": [conversation("a", [{"error": 401, "delay": 4}]), conversation("b", ["b done."])]})
+    server = model_server(
+        {
+            "conversations": [
+                conversation("a", [{"error": 401, "delay": 4}]),
+                conversation("b", ["b done."]),
+            ]
+        }
+    )
     f: Flower = flower_env(server)
     proc = f.start(flow=f"{FLOWS}:stops")
     prepared_while_a_runs(f, server, proc)

@@ -91,7 +91,14 @@ def test_status_live_killed_and_finished(model_server, flower_env):
     assert states == ["interrupted-resumable", "finished"]
     assert js["woke"] == 2 and js["steps"]["only"] == js["rows"][-1]["session_id"]
     assert set(js) == {
-        "run_dir", "workspace", "woke", "steps", "flowers", "rows", "damaged", "set_aside"
+        "run_dir",
+        "workspace",
+        "woke",
+        "steps",
+        "flowers",
+        "rows",
+        "damaged",
+        "set_aside",
     }
     assert js["damaged"] == [] and js["set_aside"] == []  # a clean run_dir (issue 7's keys)
     assert {"run", "flow", "pid", "alive", "state", "step", "session_id", "started_at"} <= set(

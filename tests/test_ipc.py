@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -366,10 +367,8 @@ def pipe() -> Iterator[Callable[[], tuple[int, int]]]:
 
     yield make
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):  # the test closed it already
             os.close(fd)
-        except OSError:
-            pass  # the test closed it already
 
 
 @pytest.fixture

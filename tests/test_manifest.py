@@ -5,6 +5,7 @@ Writer processes are real (tests/fixtures/manifest_writer.py) and reaped by ``pr
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -154,7 +155,7 @@ def test_concurrent_writer_processes_lose_and_change_nothing(runs: Path, procs: 
         assert_run_rows(rows, run_id, 200, 400)
     assert raw_lines(runs)[:5] == old  # the earlier run's rows, byte for byte
     runs_in_order = [r["run"] for r in rows[5:]]
-    switches = sum(a != b for a, b in zip(runs_in_order, runs_in_order[1:]))
+    switches = sum(a != b for a, b in itertools.pairwise(runs_in_order))
     assert switches > 3  # the writers really interleaved
 
 
@@ -454,7 +455,7 @@ def test_reader_threads_and_writer_threads_share_the_lock(runs: Path) -> None:
             m = Manifest(runs, run_id)
             for i in range(30):
                 m.record(StepResult(step=f"s{i}"))
-        except BaseException as exc:  # surfaced below
+        except BaseException as exc:  # noqa: BLE001 - surfaced below, in the test's thread
             errors.append(exc)
 
     threads = [threading.Thread(target=write, args=(f"t{k}",)) for k in range(3)]

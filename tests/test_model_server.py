@@ -6,6 +6,7 @@ Code CLI (and once the Python SDK) against the server, with no network and no ke
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -432,10 +433,8 @@ def test_concurrent_requests_are_served_in_parallel():
 
 
 def _post_quietly(server: ModelServer, text: str) -> None:
-    try:
-        _post(server, _body(_user(text)))
-    except (OSError, http.client.HTTPException):
-        pass  # released by stop(): the connection is dropped
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        _post(server, _body(_user(text)))  # released by stop(): the connection is dropped
 
 
 # --- validation ----------------------------------------------------------------------------

@@ -432,7 +432,7 @@ class Gen:
         ids = [f"toolu{self.n}_{i}" for i in range(len(outcomes))]
         uses = [
             {"type": "tool_use", "id": t, "name": "Bash", "input": {"command": c}}
-            for t, c in zip(ids, _cmds(len(ids)))
+            for t, c in zip(ids, _cmds(len(ids)), strict=False)
         ]
         base = self.tip
         if legacy:  # one entry holding every block, one entry holding every result
@@ -500,9 +500,11 @@ def _result(tool_id: str, outcome: str, size: int) -> dict[str, Any]:
         "ok": "x" * size,
         "denied": "This command requires approval",
         "hook": "PreToolUse:Bash hook error: guard: no",
-        "stopped": "The user doesn't want to proceed … Correction to the text above: this call was stopped while running, not refused before it ran.",
+        "stopped": "The user doesn't want to proceed … Correction to the text above: this call"
+        " was stopped while running, not refused before it ran.",
         "cancelled": "The user doesn't want to take this action right now.",
-        "filler": "[Tool call interrupted: the session ended before this call's result was recorded …]",
+        "filler": "[Tool call interrupted: the session ended before this call's result"
+        " was recorded …]",
         "missing-tool": "<tool_use_error>Error: No such tool available: X</tool_use_error>",
     }[outcome]
     return {

@@ -97,7 +97,14 @@ class ScriptedPlacement:
     async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
         self.call, self.state = call, AttemptState(call, watch)
         self.calls.append(
-            Call(call.spec, call.prompt, call.resume, call.fork, call.resume_at, call.stop_at is not None)
+            Call(
+                call.spec,
+                call.prompt,
+                call.resume,
+                call.fork,
+                call.resume_at,
+                call.stop_at is not None,
+            )
         )
         item = self.outcomes.pop(0)
         watch.on_handle(self)
@@ -330,7 +337,7 @@ def test_an_interrupt_during_the_network_wait_ends_it_and_brings_the_sentence(ma
 
     async def go() -> StepResult:
         step = asyncio.ensure_future(rt.run(SPEC, "do it", step_name="s"))
-        while net.probes < 3:
+        while net.probes < 3:  # noqa: ASYNC110 - a counter the code under test bumps
             await asyncio.sleep(0.01)
         await rt.interrupt("网络好了再说,先改 README")
         return await step

@@ -334,7 +334,7 @@ def _in_child(work) -> None:
         code = 0
         try:
             work()
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a child's failure is its exit status
             traceback.print_exc()
             code = 1
         os._exit(code)

@@ -160,7 +160,10 @@ def test_a_question_from_a_child_is_put_to_the_person_and_answered(tmp_path, mon
         _send(setup, Ask("q1", "Which one?", ["red", "blue"], "choice"))
         answer = next(frames)
         assert isinstance(answer, Answer)
-        _send(setup, Result(StepResult(step="s", ok=True, text=f"{answer.state}:{answer.text}").to_dict()))
+        _send(
+            setup,
+            Result(StepResult(step="s", ok=True, text=f"{answer.state}:{answer.text}").to_dict()),
+        )
         return 0
 
     asked: list[Ask] = []
@@ -235,7 +238,7 @@ def test_a_prepared_child_that_died_is_replaced_without_using_an_attempt(tmp_pat
     async def go() -> StepResult:
         rt.prepare([StepCall(SPEC, "", "a")])
         (prepared,) = placement.prepared
-        while prepared.poll() is None:  # wait for its death, not for a fixed time
+        while prepared.poll() is None:  # noqa: ASYNC110 - its death, not a fixed time
             await asyncio.sleep(0.01)
         return await rt.run(SPEC, "go", step_name="a")
 

@@ -248,7 +248,7 @@ def test_images_documents_and_compact_summaries_are_never_touched(
     assert after is not None and len(after) == len(raw)
     kept = [
         (a, b)
-        for a, b in zip(raw, after)
+        for a, b in zip(raw, after, strict=False)
         if a.get("isCompactSummary")
         or any(result_text(blk) is None for _, blk in tool_results(a))  # image / document
     ]
@@ -323,7 +323,7 @@ def test_load_returns_new_dicts_and_mutates_nothing(tmp_path: Path) -> None:
     snapshot = copy.deepcopy(raw)
     out = store.reshape(raw)
     assert raw == snapshot
-    changed = [n for n, (a, b) in enumerate(zip(raw, out)) if a != b]
+    changed = [n for n, (a, b) in enumerate(zip(raw, out, strict=False)) if a != b]
     assert changed and all(out[n] is not raw[n] for n in changed)
     assert all(out[n]["message"] is not raw[n]["message"] for n in changed)
 

@@ -86,7 +86,9 @@ class AgentSpec:
         enter by their qualified names, since their code cannot be hashed meaningfully. The
         :data:`RESERVED` fields stay out until they have an effect.
         """
-        data = {f.name: _stable(getattr(self, f.name)) for f in fields(self) if f.name not in RESERVED}
+        data = {
+            f.name: _stable(getattr(self, f.name)) for f in fields(self) if f.name not in RESERVED
+        }
         raw = json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr)
         return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 
@@ -99,7 +101,9 @@ def _spec_problem(spec: AgentSpec) -> str | None:
     if not isinstance(spec.name, str) or not spec.name:
         return "name must be a non-empty string"
     if spec.permission_mode not in PERMISSION_MODES:
-        return f"permission_mode {spec.permission_mode!r} is not one of {', '.join(PERMISSION_MODES)}"
+        return (
+            f"permission_mode {spec.permission_mode!r} is not one of {', '.join(PERMISSION_MODES)}"
+        )
     if spec.effort is not None and spec.effort not in EFFORTS:
         return f"effort {spec.effort!r} is not one of {', '.join(EFFORTS)}"
     for name in ("allowed_tools", "disallowed_tools"):

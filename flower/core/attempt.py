@@ -251,7 +251,7 @@ class SdkAttempt:
                 if state.stop_requested:
                     state.stop_requested = False
                     await self._client.interrupt()
-        except Exception as exc:  # noqa: BLE001 - sorted: the attempt's error, or a crash
+        except Exception as exc:
             if is_crash(exc):
                 raise crash_of(exc) from exc
             state.result.ok = False

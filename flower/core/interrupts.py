@@ -54,14 +54,15 @@ class Interrupts:
         if handle is not None and self.requested:
             asyncio.get_running_loop().create_task(_interrupt(handle))
 
-    async def take(self, timeout: float = REPLY_TIMEOUT_S) -> str | None:
-        """Consume the pending interrupt: what the person said (waiting for :meth:`reply`)."""
+    async def take(self) -> str | None:
+        """Consume the pending interrupt: what the person said (waiting for :meth:`reply`,
+        at most :data:`REPLY_TIMEOUT_S`)."""
         self.requested = False
         if self._reply is None:
             text, self._text = self._text, None
             return text
         try:
-            return await asyncio.wait_for(self._reply, timeout)
+            return await asyncio.wait_for(self._reply, REPLY_TIMEOUT_S)
         except TimeoutError:
             return None
         finally:

@@ -19,6 +19,7 @@ gone: the entry is kept, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -210,7 +211,10 @@ class Lineage:
         except Exception as exc:  # noqa: BLE001 - a store that cannot answer is not "gone"
             log.warning(
                 "could not check step %r's session %s in sessions.db (%s: %s); keeping it",
-                name, sid, type(exc).__name__, exc,
+                name,
+                sid,
+                type(exc).__name__,
+                exc,
             )
             return True
 
@@ -233,7 +237,8 @@ class Lineage:
         except OSError as exc:
             log.warning(
                 "could not update %s (%s); this run cannot record its sessions there",
-                self.path, exc.strerror or exc,
+                self.path,
+                exc.strerror or exc,
             )
             self._write_failed = True
             self.load()
@@ -266,7 +271,9 @@ class Lineage:
         its entry, so a copy keeps the old ids for a person to look at."""
         names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
         try:
-            aside = _unused(self.path.with_name(f"{LINEAGE_NAME}.gone-{time.strftime('%Y%m%d-%H%M%S')}"))
+            aside = _unused(
+                self.path.with_name(f"{LINEAGE_NAME}.gone-{time.strftime('%Y%m%d-%H%M%S')}")
+            )
             shutil.copyfile(self.path, aside)
             os.chmod(aside, FILE_MODE)
             kept = f"kept a copy as {aside}"
@@ -275,7 +282,9 @@ class Lineage:
         log.warning(
             "%s names sessions that sessions.db no longer has for step %s; %s; "
             "those steps start a new session",
-            self.path, names, kept,
+            self.path,
+            names,
+            kept,
         )
 
     def _refuse_if_held(self) -> None:
@@ -310,10 +319,8 @@ class Lineage:
     def _drop_stale_tmp(self) -> None:
         """Remove temp files of writers killed mid-write: every writer holds the lock we hold."""
         for tmp in self.run_dir.glob(f".{LINEAGE_NAME}.*.tmp"):
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink()
-            except OSError:
-                pass
 
     # -- remembering --------------------------------------------------------------------
 
@@ -340,7 +347,8 @@ class Lineage:
             log.warning(
                 "could not write %s (%s); if this run is killed, the next start cannot "
                 "continue its sessions",
-                self.path, exc.strerror or exc,
+                self.path,
+                exc.strerror or exc,
             )
 
     def _merge_locked(self, key: str, session_id: str) -> None:

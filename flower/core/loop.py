@@ -127,7 +127,9 @@ class StepLoop:
         self._retryable = False
         while True:
             if self.interrupts.requested:  # arrived while no attempt was running
-                self.next = self.next.attempting(prompt=f"{self.next.prompt}\n\n{await self._words()}")
+                self.next = self.next.attempting(
+                    prompt=f"{self.next.prompt}\n\n{await self._words()}"
+                )
             out = await self._attempt(self.next, self._watch())
             self._merge(out)
             self.seen = out.session_id or self.seen
@@ -211,7 +213,9 @@ class StepLoop:
 
     def _carry_on(self, prompt: str) -> None:
         """Continue the seen session with ``prompt``."""
-        self.next = self.next.attempting(prompt=prompt, resume=self.seen, fork=False, resume_at=None)
+        self.next = self.next.attempting(
+            prompt=prompt, resume=self.seen, fork=False, resume_at=None
+        )
 
     # -- exit 3: the context is full ------------------------------------------------------
 
@@ -338,10 +342,11 @@ class StepLoop:
     async def _unless_interrupted(self, wait: Awaitable[bool]) -> bool | None:
         """``wait``'s answer, or None when an interrupt ended it first."""
         waiting = _Waiting()
-        task = asyncio.ensure_future(wait)
+        task: asyncio.Future[bool] = asyncio.ensure_future(wait)
         self.interrupts.attach(waiting)  # delivers an interrupt that is already pending, too
         try:
-            done, _ = await asyncio.wait({task, waiting.woken}, return_when=asyncio.FIRST_COMPLETED)
+            first: list[asyncio.Future[Any]] = [task, waiting.woken]
+            done, _ = await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.interrupts.attach(None)
             if not task.done():

@@ -4,8 +4,8 @@ The step loop (:mod:`flower.core.loop`) decides everything about a step: how man
 what each one sends, which session it continues, when to wait, back off, hand off or stop.
 Below it, a *placement* runs exactly one attempt somewhere and reports what happened. Two
 exist: :class:`flower.core.inprocess.InProcess` (this process: library users) and the
-supervisor's forked step child (``supervisor.placement.Forked``). A third (a task on a cluster engine) needs no change
-to the loop or the workflow if it keeps this contract:
+supervisor's forked step child (``supervisor.placement.Forked``). A third (a task on a
+cluster engine) needs no change to the loop or the workflow if it keeps this contract:
 
 ``await placement.attempt(call, seat, watch) -> StepResult``
 

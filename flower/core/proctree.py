@@ -154,7 +154,7 @@ class ProcessTree:
     # -- what escaped the tree ---------------------------------------------------------
 
     def leftovers(self, tag: str) -> list[psutil.Process]:
-        """Live processes (other than this one) carrying ``ATTEMPT_TAG=tag`` in their environment."""
+        """Live processes (but this one) with ``ATTEMPT_TAG=tag`` in their environment."""
         found = []
         for proc in psutil.process_iter(["pid"]):
             if proc.pid == os.getpid():

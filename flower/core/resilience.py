@@ -167,7 +167,7 @@ def reachable(host: str, port: int, timeout: float = 5.0) -> bool:
                 except OSError:
                     continue
                 return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever a probe meets (resolver, socket) is "unreachable"
         return False
     return False
 
@@ -184,7 +184,7 @@ def _resolve(host: str, port: int, timeout: float) -> list[Any]:
     def run() -> None:
         try:
             box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except BaseException as exc:  # handed to the caller, which treats it as unreachable
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller: "unreachable"
             box["error"] = exc
 
     worker = threading.Thread(target=run, name="flower-resolve", daemon=True)
@@ -194,10 +194,11 @@ def _resolve(host: str, port: int, timeout: float) -> list[Any]:
         raise box["error"]
     if "infos" not in box:
         raise TimeoutError(f"resolving {host!r} took longer than {timeout}s")
-    return box["infos"]
+    infos: list[Any] = box["infos"]
+    return infos
 
 
-class wait_jittered_exponential(wait_base):  # noqa: N801 (tenacity names its strategies so)
+class wait_jittered_exponential(wait_base):
     """tenacity wait: ``min(base * 2**(n-1), maximum) * uniform(1 - jitter, 1 + jitter)``.
 
     ``n`` is the number of the attempt that just failed, so the first sleep is about ``base``.
@@ -215,14 +216,14 @@ class wait_jittered_exponential(wait_base):  # noqa: N801 (tenacity names its st
     def for_attempt(self, n: int) -> float:
         """The delay after failed attempt ``n`` (1-based; values below 1 count as 1)."""
         exponent = min(max(n, 1) - 1, self._MAX_EXPONENT)
-        delay = min(self.base * 2**exponent, self.maximum)
+        delay = min(self.base * 2.0**exponent, self.maximum)
         return delay * random.uniform(1 - self.jitter, 1 + self.jitter)
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         return self.for_attempt(retry_state.attempt_number)
 
 
-class _wait_until_deadline(wait_base):  # noqa: N801
+class _wait_until_deadline(wait_base):
     """wait_fixed(interval), shortened so the last probe lands on the deadline, not after it."""
 
     def __init__(self, interval: float, limit: float) -> None:

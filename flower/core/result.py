@@ -71,7 +71,7 @@ def jsonable(value: Any) -> Any:
 
 @dataclass
 class Event:
-    """Progress reported while a step runs: ``kind`` is step / retry / handoff / context / text / task."""
+    """Progress while a step runs: ``kind`` is step / retry / handoff / context / text / …"""
 
     kind: str
     step: str = ""

@@ -10,6 +10,7 @@ lineage, the manifest, the registry record, interrupts — is the same for both.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -20,11 +21,11 @@ from typing import Any
 from .agent import AgentSpec
 from .call import StepCall
 from .credentials import check_credentials, load_dotenv
+from .inprocess import InProcess
 from .interrupts import Interrupts
 from .lineage import Lineage
 from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop
 from .manifest import Manifest
-from .inprocess import InProcess
 from .placement import Placement, Seat
 from .registry import FlowerRecord, Registry, new_run_id, process_started
 from .resilience import Resilience
@@ -165,10 +166,8 @@ class Runtime:
     def end_flow(self, *, discard: bool = False) -> None:
         """Forget this flower's record (a start that was refused leaves no trace)."""
         if self.record is not None and discard:
-            try:
+            with contextlib.suppress(OSError):
                 Registry(self.run_dir).path_for(self.record.run).unlink()
-            except OSError:
-                pass
             self.record = None
 
     def note(self, **fields: Any) -> None:
@@ -243,7 +242,7 @@ class Runtime:
         if self.on_session is not None:
             try:
                 self.on_session(sid)
-            except Exception:  # noqa: BLE001 - continuity must never stop the work
+            except Exception:
                 log.warning("recording session %s failed", sid, exc_info=True)
 
     def rescue(self) -> StepResult | None:

@@ -36,7 +36,7 @@ def _only_200k(name: str) -> bool:
     if _TWO_HUNDRED_K.search(name):
         return True
     m = _OPUS.search(name)
-    return bool(m) and (int(m[1]), int(m[2] or 0)) in _OPUS_200K
+    return m is not None and (int(m[1]), int(m[2] or 0)) in _OPUS_200K
 
 
 def default_window() -> int:

@@ -71,7 +71,7 @@ HANDOFF_PROMPT = """\
 ## 现场
 接手的人要知道的现场:改过哪些文件、产出和笔记在哪、跑到一半的命令、还没提交的改动。
 
-只写这五段,段外不要加别的内容。"""
+只写这五段,段外不要加别的内容。"""  # noqa: E501 - the model-facing text, sent as written
 
 
 @dataclass
@@ -117,7 +117,15 @@ class Handoff:
                 current.append(line)
             elif not literal and (t := _TITLE.match(line)):
                 step = t["step"] or ""
-        return cls(step=step, **{name: _first_filled(copies) for name, copies in chunks.items()})
+        found = {name: _first_filled(copies) for name, copies in chunks.items()}
+        return cls(
+            doing=found.get("doing", ""),
+            decided=found.get("decided", ""),
+            deadends=found.get("deadends", ""),
+            next=found.get("next", ""),
+            scene=found.get("scene", ""),
+            step=step,
+        )
 
     def missing(self) -> list[str]:
         """Headings (Chinese) of the required sections that are empty."""
@@ -260,9 +268,13 @@ def _unwrap_whole(text: str) -> str:
     """Drop a bare fence wrapped around the whole reply (models sometimes send it so)."""
     lines = text.strip().splitlines()
     opening = _FENCE.match(lines[0]) if lines else None
-    if opening and len(lines) >= 2 and not opening["info"].strip():
-        if _closing(lines, 1, opening["mark"]) == len(lines) - 1:
-            return "\n".join(lines[1:-1])
+    if (
+        opening
+        and len(lines) >= 2
+        and not opening["info"].strip()
+        and _closing(lines, 1, opening["mark"]) == len(lines) - 1
+    ):
+        return "\n".join(lines[1:-1])
     return text
 
 

@@ -46,6 +46,7 @@ def open_store(runtime: Any) -> Any:
         log.warning(
             "%s; moved it (with its -wal/-shm files) to %s and started a fresh one; "
             "earlier conversations stay in the old file",
-            exc.message, aside,
+            exc.message,
+            aside,
         )
         return store()

@@ -151,8 +151,9 @@ class PruningSessionStore(TrimmingSessionStore):
         report["denials"] = _drop_denials(out, self.prune.keep_denials)
         report["interrupted"] = _neutralise_interrupted(out, self.prune.interrupted_text)
         survivors = [e for e in out if e is not None]
-        gone = {e.get("uuid") for e in entries} - {e.get("uuid") for e in survivors}
-        gone.discard(None)
+        gone = {u for e in entries if isinstance(u := e.get("uuid"), str)} - {
+            e.get("uuid") for e in survivors
+        }
         relinked, report["relinked"] = relink(survivors, entries, gone)
         return relinked
 

@@ -156,6 +156,8 @@ def _split_key(key: SessionKey | SessionListSubkeysKey) -> tuple[str, str, str, 
         if not isinstance(value, str) or not value or "/" in value:
             raise ValueError(f"{name} must be a non-empty string without '/': {value!r}")
     subpath = key.get("subpath") or None
+    if subpath is not None and not isinstance(subpath, str):
+        raise ValueError(f"subpath must be a string: {subpath!r}")
     parts = [project_key, session_id] + ([subpath] if subpath else [])
     return "/".join(parts), project_key, session_id, subpath
 
@@ -204,7 +206,7 @@ def _create_private(path: Path) -> None:
 
 async def _pause(seconds: float) -> None:
     if seconds < _LOOP_TICK_S:
-        time.sleep(seconds)
+        time.sleep(seconds)  # noqa: ASYNC251 - under the loop's 1 ms tick: see _LOOP_TICK_S
     else:
         await asyncio.sleep(seconds)
 
@@ -524,7 +526,10 @@ class SqliteSessionStore(SessionStore):
 
     def _run_sync(self, work: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
         try:
-            return Retrying(sleep=time.sleep, **self._retry_policy())(self._attempt, work, write)
+            result: T = Retrying(sleep=time.sleep, **self._retry_policy())(
+                self._attempt, work, write
+            )
+            return result
         except RetryError as exc:
             raise self._busy_error() from exc.last_attempt.exception()
 

@@ -47,7 +47,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from claude_agent_sdk.types import SessionKey, SessionStoreEntry
 
@@ -236,7 +236,9 @@ class TrimmingSessionStore(SqliteSessionStore):
         if entries is None:
             return None
         # Spill files are written here: keep the file I/O off the event loop.
-        return await asyncio.to_thread(self.reshape, entries)
+        # SessionStoreEntry is a TypedDict: at run time the very dicts reshape() works on.
+        shaped = await asyncio.to_thread(self.reshape, cast("list[Entry]", entries))
+        return cast("list[SessionStoreEntry]", shaped)
 
     def reshape(self, entries: list[Entry]) -> list[Entry]:
         """Apply this layer's rules to raw entries (what ``load()`` does after reading).

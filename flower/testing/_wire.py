@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import secrets
 import string
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flower._errors import ConfigError
@@ -35,6 +35,7 @@ class Turn(Protocol):
     def usage(self) -> dict[str, int]: ...
 
     def final_stop_reason(self) -> str: ...
+
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -258,6 +259,7 @@ def sse_events(turn: Turn, model: str, tool_ids: list[str], usage: dict[str, int
 
 
 def _block_events(index: int, block: dict[str, Any]) -> list[bytes]:
+    start: dict[str, Any]
     if block["type"] == "text":
         start = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": c} for c in _chunks(block["text"], 40)]

@@ -9,6 +9,7 @@ the CLI's Bash tool runs in its own session, so killing the CLI alone leaves it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -38,7 +39,7 @@ class ClaudeRun:
         """The last ``{"type": "result", ...}`` message; AssertionError if there is none."""
         for msg in reversed(self.messages):
             if msg.get("type") == "result":
-                return msg
+                return dict(msg)
         raise AssertionError(
             f"no result message; stdout={self.stdout[-2000:]!r} stderr={self.stderr[-2000:]!r}"
         )
@@ -94,10 +95,8 @@ class Reaper:
         self.note_tree(pid)
         victims = list(self._known.values())
         for p in victims:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
         # Our own children are reaped through Popen, so their exit status stays readable.
         ours = {proc.pid: proc for proc in self._procs}
         for proc in ours.values():
@@ -108,10 +107,8 @@ class Reaper:
     def reap(self) -> None:
         for proc in self._procs:
             self.kill_tree(proc.pid)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired, ValueError, OSError):
                 proc.communicate(timeout=5)
-            except (subprocess.TimeoutExpired, ValueError, OSError):
-                pass
 
 
 def run_claude(

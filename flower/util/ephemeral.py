@@ -73,7 +73,7 @@ def is_ephemeral(cmd: str) -> bool:
     if "&" in plain.replace("&&", "").replace("||", ""):  # 4
         return False
     argvs = _argvs(text)  # 5
-    return bool(argvs) and all(_whitelisted(argv) for argv in argvs)
+    return argvs is not None and bool(argvs) and all(_whitelisted(argv) for argv in argvs)
 
 
 def _scan(text: str) -> Iterator[tuple[str, bool]]:
@@ -119,7 +119,9 @@ def _segments(text: str) -> list[str] | None:
         scanned = list(_scan(text))
     except ValueError:
         return None
-    parts, cur, i = [], [], 0
+    parts: list[str] = []
+    cur: list[str] = []
+    i = 0
     while i < len(scanned):
         ch, quoted = scanned[i]
         pair = ch + (scanned[i + 1][0] if i + 1 < len(scanned) else "")

@@ -7,6 +7,7 @@ behind (lineage.json, registry records) go through :func:`atomic_write_text`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -37,10 +38,8 @@ def private_dir(path: str | Path) -> Path:
             if not d.is_dir():
                 raise
             continue
-        try:
+        with contextlib.suppress(OSError):
             os.chmod(d, DIR_MODE)  # mkdir's mode is filtered by the umask
-        except OSError:
-            pass
     return p
 
 
@@ -48,10 +47,8 @@ def open_private(path: str | Path, flags: int) -> int:
     """``os.open`` that creates files 0600 whatever the umask says."""
     fd = os.open(path, flags, FILE_MODE)
     if flags & os.O_CREAT:
-        try:
+        with contextlib.suppress(OSError):
             os.fchmod(fd, FILE_MODE)
-        except OSError:
-            pass
     return fd
 
 
@@ -101,7 +98,8 @@ def atomic_write_text(path: str | Path, text: str, *, durable: bool = True) -> N
 
 
 def set_aside(path: str | Path, reason: str = "corrupt") -> Path:
-    """Move a damaged file to ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]`` beside it; return the new path.
+    """Move a damaged file beside itself as ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``; return
+    the new path.
 
     Never deletes: the bytes stay exactly as they were for a person to inspect.
     """
@@ -117,7 +115,5 @@ def set_aside(path: str | Path, reason: str = "corrupt") -> Path:
 
 
 def _unlink_quietly(p: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         p.unlink()
-    except OSError:
-        pass

@@ -291,7 +291,7 @@ class _Run:
 
     def _session_for(self, step: Step) -> str | None:
         """Which session this step continues (seed 000's resume_from table)."""
-        sessions = self.ctx["_sessions"]
+        sessions: dict[str, str] = self.ctx["_sessions"]
         if step.resume_from is not None:
             return sessions.get(step.resume_from)
         if self.wf.continuous:
