@@ -23,6 +23,7 @@ import contextlib
 import os
 import signal
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from flower.core.interrupts import Interrupts
 from flower.core.placement import Seat, Watch
 from flower.core.proctree import PROCS
 from flower.core.result import Event, jsonable
-from flower.util.fsutil import open_private
+from flower.util.fsutil import open_private, private_dir
 from ipc import (
     EventMsg,
     Failure,
@@ -100,6 +101,10 @@ def _isolate(setup: ChildSetup) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what an interrupt is
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     PROCS.die_with_parent(signal.SIGTERM, parent=setup.parent_pid)
+    # The SDK materialises a resumed session (transcript, credentials) in a temporary
+    # directory and removes it when the attempt ends; if this child is killed it cannot, so
+    # the directory lives in the run_dir, where the supervisor removes it once we are reaped.
+    tempfile.tempdir = str(private_dir(setup.seat.tmp / str(os.getpid())))
     for fd in setup.close_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -131,10 +136,10 @@ class _Child:
         self.reader = LineReader()
         self.started: asyncio.Future[Start] = asyncio.get_running_loop().create_future()
         self.interrupts = Interrupts()
-        watch = Watch(
+        self.watch = Watch(
             on_session=self.on_session, on_event=self.on_event, on_handle=self.interrupts.attach
         )
-        self.attempt = SdkAttempt(setup.call, setup.seat, watch)
+        self.attempt = SdkAttempt(setup.call, setup.seat, self.watch)
         self.work: asyncio.Task[int] | None = None
 
     def send(self, msg: Message) -> None:
@@ -180,6 +185,11 @@ class _Child:
                 return 1
             print(f"--- {start.label}: attempt {start.attempt} (pid {os.getpid()})", flush=True)
             await connecting
+            if self.attempt.lost():  # its CLI, started ahead of time, died meanwhile
+                print("--- the CLI started ahead of time is gone; starting it again", flush=True)
+                await self.attempt.close()
+                self.attempt = SdkAttempt(self.setup.call, self.setup.seat, self.watch)
+                await self.attempt.connect()
             call = self.setup.call.attempting(
                 prompt=start.prompt, attempt=start.attempt, stop_at=start.stop_at
             )

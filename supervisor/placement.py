@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -26,6 +27,8 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from flower import AttemptCrash
 from flower.core.call import StepCall
@@ -65,6 +68,7 @@ class ChildHandle:
     read_fd: int  # child -> parent
     write_fd: int  # parent -> child
     log_path: Path
+    tmp: Path  # its temporary directory (see Seat.tmp)
     procs: ProcessTree = field(repr=False)
     writer: LineWriter = field(repr=False)
     status: int | None = None  # waitpid status once reaped
@@ -216,6 +220,7 @@ def spawn(
         read_fd=c2p_r,
         write_fd=p2c_w,
         log_path=log_path,
+        tmp=seat.tmp / str(pid),
         procs=procs,
         writer=LineWriter(p2c_w),
     )
@@ -237,6 +242,7 @@ class Forked:
         self._reapers: set[asyncio.Task[int]] = set()
         self._closing: dict[str, asyncio.Task[int]] = {}  # session id -> its child's reaper
         self._asking: set[asyncio.Task[None]] = set()
+        self._swept = False  # the temporary files of children of an earlier, killed flower
 
     # -- one attempt ----------------------------------------------------------------------
 
@@ -371,6 +377,9 @@ class Forked:
     # -- children's lives -----------------------------------------------------------------
 
     def _spawn(self, call: StepCall, seat: Seat) -> ChildHandle:
+        if not self._swept:
+            self._swept = True
+            _sweep_tmp(seat.tmp)
         others = tuple(fd for c in self.children.values() for fd in c.parent_fds)
         child = spawn(call, seat, close_fds=others, procs=self.procs)
         self.children[child.pid] = child
@@ -400,11 +409,13 @@ class Forked:
 
     def _retire(self, child: ChildHandle) -> None:
         """Whatever the child left behind dies too: its process group (the CLI, tool
-        shells) and any orphan re-parented to us, the subreaper, gets killed and reaped."""
+        shells) and any orphan re-parented to us, the subreaper, gets killed and reaped; its
+        temporary files (a resumed transcript the SDK copied) are removed."""
         self.children.pop(child.pid, None)
         child.close()
         self.procs.killpg(child.pid)
         self.procs.reap_orphans(keep=set(self.children))
+        shutil.rmtree(child.tmp, ignore_errors=True)
 
     async def close(self) -> None:
         """Drop every prepared child and wait for children that already reported to exit."""
@@ -420,6 +431,18 @@ class Forked:
             child.stop()
             self.children.pop(child.pid, None)
             child.close()
+
+
+def _sweep_tmp(tmp: Path) -> None:
+    """Remove what children of a supervisor killed with -9 left in ``tmp`` (a directory per
+    child pid; one whose pid still runs may be another flower's and stays)."""
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        if not (name.isdigit() and psutil.pid_exists(int(name))):
+            shutil.rmtree(tmp / name, ignore_errors=True)
 
 
 def _settle(future: asyncio.Future[None]) -> None:

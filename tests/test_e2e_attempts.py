@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ def test_mixed_faults_share_one_count_and_so_do_deaths_alone(model_server, flowe
         }
     )
     mixed, dead = flower_env(server), flower_env(server)
+    resumes_in_tmp = set(Path(tempfile.gettempdir()).glob("claude-resume-*"))
     procs = {"mixed": mixed.start(flow=f"{FLOWS}:mixed"), "dead": dead.start(flow=f"{FLOWS}:dead")}
     killers = [Killer(mixed, procs["mixed"], "mixed", 2), Killer(dead, procs["dead"], "dead", 1)]
     deadline = time.monotonic() + 400
@@ -101,6 +103,11 @@ def test_mixed_faults_share_one_count_and_so_do_deaths_alone(model_server, flowe
     ]
     assert kinds == ["529", "died"] * 3, kinds
     assert all(DIED in e for e in dead.rows("dead")[0]["errors"]), dead.rows("dead")[0]["errors"]
+    # The SDK copies a resumed session into a temporary directory and cannot remove it when
+    # its child is killed: those live in the run_dir and went with the dead children.
+    assert set(Path(tempfile.gettempdir()).glob("claude-resume-*")) <= resumes_in_tmp
+    for f in (mixed, dead):
+        assert not [p for p in (f.runs / "tmp").iterdir()], list((f.runs / "tmp").iterdir())
 
 
 @pytest.mark.timeout(90)  # one flower run that stops at its first attempt

@@ -110,3 +110,23 @@ def test_a_flow_that_stops_drops_the_child_prepared_for_the_next_step(model_serv
     assert not [r for r in server.requests if r.conversation == "b"]
     assert [r["step"] for r in f.manifest()] == ["a"]
     f.assert_no_survivors()
+
+
+def test_a_prepared_cli_that_died_meanwhile_is_started_again_without_using_an_attempt(
+    model_server, flower_env
+):
+    server = model_server(
+        {"conversations": [*held_a()["conversations"], conversation("b", ["b done."])]}
+    )
+    f: Flower = flower_env(server)
+    proc = f.start(flow=f"{FLOWS}:used")
+    prepared = prepared_while_a_runs(f, server, proc)
+    for cli in cli_under(prepared):  # its CLI goes away while it waits for its step
+        cli.kill()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out.decode()
+    (row,) = f.rows("b")
+    assert row["ok"] and row["attempts"] == 1 and row["errors"] == [], row
+    (log,) = f.runs.glob("logs/*/b.log")
+    assert f"(pid {prepared})" in log.read_text() and "starting it again" in log.read_text()
+    f.assert_no_survivors()

@@ -227,6 +227,12 @@ class SdkAttempt:
             return
         self.watch.on_handle(self)
 
+    def lost(self) -> bool:
+        """Did the CLI it started go away since (a CLI prepared long ago may have)?"""
+        return (
+            self._failed is None and self._client is not None and not self.procs.leftovers(self.tag)
+        )
+
     async def interrupt(self) -> None:
         if self._client is not None:
             with contextlib.suppress(Exception):  # the turn may have just ended

@@ -76,6 +76,10 @@ class Seat:
     store: Any  # the SessionStore (the pruning layer on run_dir/sessions.db)
     portable: bool
     logs: Path  # run_dir/logs/<run id>: one log file per step label
+    # run_dir/tmp: a placement whose attempts can die without cleaning up after themselves
+    # (a forked child) keeps their temporary files here, not in /tmp: the SDK copies a resumed
+    # transcript (and the CLI's credentials) into a temporary directory.
+    tmp: Path
 
     def log_for(self, label: str) -> Path:
         """The step's log file (child stdio, crash tracebacks), its directory created 0700."""

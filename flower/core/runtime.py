@@ -99,6 +99,7 @@ class Runtime:
             store=self.store,
             portable=self.portable,
             logs=self.run_dir / "logs" / self.run_id,
+            tmp=self.run_dir / "tmp",
         )
 
     @property
