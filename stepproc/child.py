@@ -73,11 +73,15 @@ def child_main(setup: ChildSetup) -> int:
     asyncio.events._set_running_loop(None)  # we were forked inside the parent's loop
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    before = set(sys.modules)
     try:
         return loop.run_until_complete(_serve(setup))
     finally:
         PROCS.kill_descendants()
         _close_store(setup.seat.store)
+        imported = sorted(set(sys.modules) - before)
+        if imported:  # each costs every child again: the supervisor should preload it
+            print(f"--- imported during the attempt: {' '.join(imported)}", flush=True)
 
 
 def _close_store(store: Any) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flower import FlowerError, Runtime
+from flower.core.attempt import preload
 from flower.core.proctree import PROCS
 from flower.core.registry import INTERRUPTED, KILLED
 from flower.workflow import Workflow
@@ -46,8 +47,7 @@ class StartArgs:
 
 def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
     """Build the runtime and run the flow; returns the exit status (signals may not return)."""
-    import claude_agent_sdk  # noqa: F401 - imported once here so forked children never pay it
-
+    preload()  # the SDK and what an attempt imports: once here, never in a forked child
     PROCS.become_subreaper()
     show_warnings(term)
     rt = Runtime(

@@ -79,6 +79,41 @@ def crash_of(exc: BaseException) -> AttemptCrash:
     return AttemptCrash(type(exc).__name__, str(exc)[:2000], detail=detail)
 
 
+# What an attempt imports the first time it runs, beyond ``claude_agent_sdk`` itself: the SDK
+# reaches anyio's asyncio backend, subprocess and stream modules only at its first async call.
+# A process that forks attempt runners imports them once (:func:`preload`); measured, a forked
+# step child otherwise spent ~20 ms of CPU per attempt importing them again.
+ATTEMPT_MODULES = (
+    "concurrent.futures.thread",
+    "anyio._backends._asyncio",
+    "anyio._core._resources",
+    "anyio._core._sockets",
+    "anyio._core._streams",
+    "anyio._core._subprocesses",
+    "anyio.abc._eventloop",
+    "anyio.abc._sockets",
+    "anyio.abc._testing",
+    "anyio.streams.stapled",
+    "anyio.streams.tls",
+)
+
+
+def preload() -> list[str]:
+    """Import :data:`ATTEMPT_MODULES` and the SDK; returns those that could not be imported
+    (a newer anyio may have moved one: then a child imports what it needs, a bit slower)."""
+    import importlib
+
+    import claude_agent_sdk  # noqa: F401 - about a second: paid once, not per child
+
+    missing = []
+    for name in ATTEMPT_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def context_of(usage: dict[str, Any] | None) -> int:
     """Tokens in play for one model turn: everything sent plus what came back."""
     if not usage:
@@ -229,9 +264,8 @@ class SdkAttempt:
 
     def lost(self) -> bool:
         """Did the CLI it started go away since (a CLI prepared long ago may have)?"""
-        return (
-            self._failed is None and self._client is not None and not self.procs.leftovers(self.tag)
-        )
+        started = self._failed is None and self._client is not None
+        return started and not self.procs.tagged_below(self.tag)
 
     async def interrupt(self) -> None:
         if self._client is not None:

@@ -163,6 +163,7 @@ class Lineage:
         self.woke = 0
         self.steps: dict[str, str] = {}
         self._write_failed = False  # warned once: a run whose lineage cannot be written
+        self._written: dict[str, str] = {}  # entries this object put on disk
         self._lock = FileLock(
             f"{self.path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
         )
@@ -333,6 +334,8 @@ class Lineage:
         key = bare_name(label)
         if key is None or not session_id:
             return
+        if self._written.get(key) == session_id:
+            return  # this very entry is on disk already (a step reports its session twice)
         self.steps[key] = session_id
         try:
             private_dir(self.run_dir)
@@ -361,6 +364,7 @@ class Lineage:
             woke, steps = self.woke, {}
         steps[key] = session_id
         self._write(woke, steps)
+        self._written[key] = session_id
 
     def _write(self, woke: int, steps: dict[str, str]) -> None:
         doc = {"workspace": self.workspace, "woke": woke, "steps": steps}

@@ -98,10 +98,36 @@ class ProcessTree:
     # -- trees --------------------------------------------------------------------------
 
     def descendants(self, pid: int | None = None) -> list[psutil.Process]:
-        try:
-            return psutil.Process(pid or os.getpid()).children(recursive=True)
-        except psutil.Error:
-            return []
+        """Every process below ``pid`` (this one by default), children before grandchildren.
+
+        Read from ``/proc/<pid>/task/<tid>/children`` where Linux offers it: psutil's walk
+        reads the whole process table to map parents (about 3 ms, paid by every step child
+        on its way out); this reads only the tree itself.
+        """
+        root = pid or os.getpid()
+        pids = _tree(root)
+        if pids is None:
+            try:
+                return psutil.Process(root).children(recursive=True)
+            except psutil.Error:
+                return []
+        out = []
+        for p in pids:
+            with contextlib.suppress(psutil.Error):
+                out.append(psutil.Process(p))
+        return out
+
+    def tagged_below(self, tag: str) -> list[psutil.Process]:
+        """Live descendants of this process carrying ``ATTEMPT_TAG=tag`` (a look at our own
+        tree only: cheaper than :meth:`leftovers`, which reads the whole process table)."""
+        found = []
+        for proc in self.descendants():
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(ATTEMPT_TAG) == tag:
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
 
     def kill_tree(self, pid: int, *, pgid: int | None = None) -> None:
         """SIGKILL ``pid``'s whole tree: every descendant, its process group, then the root."""
@@ -178,6 +204,33 @@ class ProcessTree:
                 proc.kill()
         psutil.wait_procs(victims, timeout=timeout)
         return len(victims)
+
+
+def _tree(root: int) -> list[int] | None:
+    """The pids below ``root`` from /proc's children files, or None where there are none."""
+    found: list[int] = []
+    queue = [root]
+    while queue:
+        pid = queue.pop(0)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        except OSError:
+            return None
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except FileNotFoundError:
+                if pid == root and tid == str(root):
+                    return None  # no children files in this kernel
+                continue
+            except (OSError, ValueError):
+                continue
+            found.extend(kids)
+            queue.extend(kids)
+    return found
 
 
 def describe_status(status: int) -> str:

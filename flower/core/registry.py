@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,10 @@ class FlowerRecord:
         return is_alive(self.pid, self.pid_started)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, indent=1)
+        # No indent: json's C encoder only runs without one, and a record is rewritten several
+        # times per step (its ``completed`` grows with the flow). Its values are JSON already.
+        fields_ = {f.name: getattr(self, f.name) for f in fields(self)}
+        return json.dumps(fields_, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FlowerRecord:

@@ -172,8 +172,13 @@ class Runtime:
             self.record = None
 
     def note(self, **fields: Any) -> None:
-        """Update this flower's registry record (best-effort: status is not worth a crash)."""
+        """Update this flower's registry record (best-effort: status is not worth a crash).
+
+        Fields that already hold these values are not written again (a step's start notes its
+        attempt and session; the loop reports both once more)."""
         if self.record is None:
+            return
+        if fields and all(getattr(self.record, k) == v for k, v in fields.items()):
             return
         for k, v in fields.items():
             setattr(self.record, k, v)
@@ -238,13 +243,14 @@ class Runtime:
         self.note(attempt=n)
 
     def _session_seen(self, sid: str) -> None:
-        """The instant a session id is known: lineage first (the hard-kill invariant)."""
-        self.note(session_id=sid)
+        """The instant a session id is known: lineage first (the hard-kill invariant), then
+        the registry record ``status`` reads."""
         if self.on_session is not None:
             try:
                 self.on_session(sid)
             except Exception:
                 log.warning("recording session %s failed", sid, exc_info=True)
+        self.note(session_id=sid)
 
     def rescue(self) -> StepResult | None:
         """SIGTERM/SIGHUP: write the in-flight step as ``killed-by-signal`` (exactly once).
