@@ -372,14 +372,7 @@ class Forked:
         self.prepared.remove(child)
         if not child.send(Shutdown(reason="not needed")):
             child.stop(grace=0.0)
-        task = self._reap_later(child, None)
-
-        def tidy(_: asyncio.Task[int]) -> None:
-            with contextlib.suppress(OSError):
-                if child.log_path.stat().st_size == 0:
-                    child.log_path.unlink()
-
-        task.add_done_callback(tidy)
+        self._reap_later(child, None, then=lambda: _remove_if_empty(child.log_path))
 
     # -- children's lives -----------------------------------------------------------------
 
@@ -392,10 +385,24 @@ class Forked:
         self.children[child.pid] = child
         return child
 
-    def _reap_later(self, child: ChildHandle, session_id: str | None) -> asyncio.Task[int]:
+    def _reap_later(
+        self,
+        child: ChildHandle,
+        session_id: str | None,
+        *,
+        then: Callable[[], None] | None = None,
+    ) -> asyncio.Task[int]:
         """The flow goes on at once while the child shuts its CLI down and exits; until it
-        has, its session counts as closing (see the wait at the top of ``attempt``)."""
-        task = asyncio.get_running_loop().create_task(self._reap(child))
+        has, its session counts as closing (see the wait at the top of ``attempt``). ``then``
+        runs once it is reaped, inside the task :meth:`close` waits for."""
+
+        async def reap() -> int:
+            status = await self._reap(child)
+            if then is not None:
+                then()
+            return status
+
+        task = asyncio.get_running_loop().create_task(reap())
         self._reapers.add(task)
         task.add_done_callback(self._reapers.discard)
         if session_id:
@@ -455,6 +462,12 @@ def _sweep_tmp(tmp: Path) -> None:
     for name in names:
         if not (name.isdigit() and psutil.pid_exists(int(name))):
             shutil.rmtree(tmp / name, ignore_errors=True)
+
+
+def _remove_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == 0:
+            path.unlink()
 
 
 def _settle(future: asyncio.Future[None]) -> None:

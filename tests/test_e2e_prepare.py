@@ -89,6 +89,8 @@ def test_the_next_step_runs_in_the_child_prepared_for_it(model_server, flower_en
     assert proc.returncode == 0, out.decode()
     (log,) = f.runs.glob("logs/*/b.log")
     assert re.search(rf"--- b: attempt 1 \(pid {prepared}\)", log.read_text()), log.read_text()
+    # The supervisor preloads what an attempt imports: no child pays for an import again.
+    assert "imported during the attempt" not in log.read_text(), log.read_text()
     assert [r["step"] for r in f.manifest()] == ["a", "b"] and all(r["ok"] for r in f.manifest())
     f.assert_no_survivors()
 

@@ -220,7 +220,7 @@ def _tree(root: int) -> list[int] | None:
             return None
         for tid in tids:
             try:
-                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
                     kids = [int(k) for k in f.read().split()]
             except FileNotFoundError:
                 if pid == root and tid == str(root):
