@@ -104,6 +104,7 @@ def _isolate(setup: ChildSetup) -> None:
         signal.signal(sig, _die)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what an interrupt is
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    PROCS.forked()  # our own handlers are in place: a pending SIGTERM now runs _die
     PROCS.die_with_parent(signal.SIGTERM, parent=setup.parent_pid)
     # The SDK materialises a resumed session (transcript, credentials) in a temporary
     # directory and removes it when the attempt ends; if this child is killed it cannot, so
@@ -145,6 +146,7 @@ class _Child:
         )
         self.attempt = SdkAttempt(setup.call, setup.seat, self.watch)
         self.work: asyncio.Task[int] | None = None
+        self.pending: set[asyncio.Task[None]] = set()
 
     def send(self, msg: Message) -> None:
         try:
@@ -171,7 +173,9 @@ class _Child:
         elif isinstance(item, Start) and not self.started.done():
             self.started.set_result(item)
         elif isinstance(item, Interrupt):
-            asyncio.get_running_loop().create_task(self.interrupts.request(""))
+            task = asyncio.get_running_loop().create_task(self.interrupts.request(""))
+            self.pending.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(self.pending.discard)
         elif isinstance(item, Shutdown) and self.work is not None:
             self.work.cancel()
 
@@ -217,7 +221,7 @@ class _Child:
 def _mismatch(start: Start, call: StepCall) -> str:
     """Why ``start`` is not the attempt this child's CLI was started for ('' when it is)."""
     want = call.wire()
-    got = {k: getattr(start, k) for k in ("label", "spec", "resume", "fork", "resume_at")}
+    got = {k: getattr(start, k) for k in ("label", "step", "spec", "resume", "fork", "resume_at")}
     wrong = [k for k, v in got.items() if want[k] != v]
     return f"start does not match the prepared attempt in {', '.join(wrong)}" if wrong else ""
 

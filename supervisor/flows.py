@@ -112,16 +112,19 @@ def _run_user_code(fn: Any, where: str) -> Any:
 
 
 # flower's own source and the import machinery: a frame there is never the user's mistake.
-_OURS = tuple(str(Path(m.__file__ or "").resolve().parent) for m in (flower, sys.modules[__name__]))
+_OURS = tuple(Path(m.__file__ or "").resolve().parent for m in (flower, sys.modules[__name__]))
+
+
+def _ours(filename: str) -> bool:
+    if "importlib" in filename:
+        return True
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(root) for root in _OURS)
 
 
 def _where_in_user_code(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
-    user = [
-        f
-        for f in frames
-        if "importlib" not in f.filename and not str(Path(f.filename).resolve()).startswith(_OURS)
-    ]
+    user = [f for f in frames if not _ours(f.filename)]
     if not user:
         return "check the flow module"
     f = user[-1]

@@ -11,6 +11,13 @@ What an attempt is and what the loop above expects of it is written down in
 :mod:`flower.core.placement`. A child that dies is one more failed attempt of that one loop:
 its result says ``step child <pid> died without a result (<how>)``; a child that reports a
 crash (``failure`` with ``retryable: false``) raises :class:`flower.AttemptCrash`.
+
+A prepared CLI has loaded its session when it started, so preparing never races a writer:
+no child is prepared for a session that a running child writes or a finished one is still
+flushing, and one prepared for a session that a child starts writing later is dropped. A
+spec with Python callbacks (hooks, in-process MCP servers) is never prepared: they run in the
+child, and a child forked early would run them on a copy of the supervisor's memory taken
+before the previous step ended.
 """
 
 from __future__ import annotations
@@ -25,17 +32,18 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 from flower import AttemptCrash
+from flower.core.agent import AgentSpec
 from flower.core.call import StepCall
 from flower.core.placement import Seat, Watch
 from flower.core.proctree import PROCS, ProcessTree, describe_status
-from flower.core.result import StepResult
+from flower.core.result import Event, StepResult
 from ipc import (
     Answer,
     Ask,
@@ -74,6 +82,9 @@ class ChildHandle:
     writer: LineWriter = field(repr=False)
     status: int | None = None  # waitpid status once reaped
     started: bool = False  # it was sent its ``start``
+    closed: bool = False  # its pipes are closed (the fd numbers may belong to others now)
+    session_id: str | None = None  # the session it reported
+    asking: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     @property
     def parent_fds(self) -> tuple[int, int]:
@@ -81,6 +92,8 @@ class ChildHandle:
 
     def send(self, msg: Message) -> bool:
         """Send a message; False when the child is gone (its pipe is closed)."""
+        if self.closed:
+            return False
         try:
             self.writer.send(msg)
             return True
@@ -91,8 +104,9 @@ class ChildHandle:
         """What an interrupt of this attempt does: tell the child (it interrupts its CLI)."""
         self.send(Interrupt())
 
-    async def messages(self) -> AsyncIterator[Message | ProtocolError]:
-        """Every message the child sends, until EOF on its pipe."""
+    async def messages(self) -> AsyncGenerator[Message | ProtocolError, None]:
+        """Every message the child sends, until EOF on its pipe. Use it under
+        ``contextlib.aclosing``: its reader must be gone before the fd is closed and reused."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Message | ProtocolError | None] = asyncio.Queue()
         reader = LineReader()
@@ -126,8 +140,8 @@ class ChildHandle:
         if self.status is None:
             try:
                 pid, status = self.procs.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = self.pid, 0
+            except ChildProcessError:  # reaped by someone else: how it ended is unknown
+                pid, status = self.pid, LOST
             if pid == self.pid:
                 self.status = status
         return self.status
@@ -155,8 +169,18 @@ class ChildHandle:
             loop.remove_reader(fd)
             os.close(fd)
 
+    async def terminate(self, *, grace: float = 2.0) -> int:
+        """SIGTERM (the child kills its own tree), then SIGKILL whatever is left; reaped."""
+        if self.poll() is None:
+            self.procs.kill(self.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.wait(), grace)
+            except TimeoutError:
+                self.procs.kill_tree(self.pid, pgid=self.pid)
+        return await self.wait()
+
     def stop(self, *, grace: float = 2.0) -> None:
-        """SIGTERM (the child kills its own tree), then SIGKILL whatever is left. Blocking."""
+        """:meth:`terminate`, blocking: for signal handlers, where nothing may be awaited."""
         if self.poll() is not None:
             return
         self.procs.kill(self.pid, signal.SIGTERM)
@@ -165,17 +189,25 @@ class ChildHandle:
             self._reaped_within(5.0)
 
     def _reaped_within(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.poll() is not None:
-                return True
-            time.sleep(0.01)
-        return False
+        status = self.procs.reap(self.pid, within=seconds)
+        if status is not None:
+            self.status = status
+        return self.poll() is not None
 
     def close(self) -> None:
+        """Close the pipes (once) and stop whatever was still talking to the child."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in self.asking:
+            task.cancel()
         for fd in self.parent_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+# The waitpid status of a child someone else reaped: "exited with status 255", never clean.
+LOST = 255 << 8
 
 
 def spawn(
@@ -248,7 +280,7 @@ class Forked:
         self.prepared: list[ChildHandle] = []
         self._reapers: set[asyncio.Task[int]] = set()
         self._closing: dict[str, asyncio.Task[int]] = {}  # session id -> its child's reaper
-        self._asking: set[asyncio.Task[None]] = set()
+        self._writing: dict[str, int] = {}  # session id -> running children writing it
         self._swept = False  # the temporary files of children of an earlier, killed flower
 
     # -- one attempt ----------------------------------------------------------------------
@@ -263,18 +295,22 @@ class Forked:
             child = self._take_prepared(call) or self._spawn(call, seat)
         except OSError as exc:
             return _failed(call, started, None, f"could not fork a step child: {exc}")
+        writes = set() if call.fork or not call.resume else {call.resume}
         watch.on_handle(child)
         try:
-            out, sid, problem = await self._converse(child, call, watch)
+            out, problem = await self._converse(child, call, watch, writes)
         except BaseException:
             self._retire(child)
             raise
         finally:
             watch.on_handle(None)
+            for sid in writes:
+                self._written(sid)
         if out is not None:
             self._reap_later(child, out.session_id)
             return out
-        status = await self._reap(child)
+        status = await child.terminate()
+        self._retire(child, clean=status == 0)
         if isinstance(problem, Failure) and not problem.retryable:
             raise AttemptCrash(
                 problem.kind, problem.message, detail=problem.cause or "", log=str(child.log_path)
@@ -282,49 +318,58 @@ class Forked:
         if isinstance(problem, Failure):
             problem = f"step child failed: {problem.kind}: {problem.message}"
         text = problem or f"step child {child.pid} {DIED} ({describe_status(status)})"
-        return _failed(call, started, sid, text)
+        return _failed(call, started, child.session_id, text)
 
     async def _converse(
-        self, child: ChildHandle, call: StepCall, watch: Watch
-    ) -> tuple[StepResult | None, str | None, str | Failure]:
-        """Hand the child its ``start`` and read it to its result.
-
-        Returns (its result, or None), the session id it reported, and why it gave no result.
-        """
-        sid: str | None = None
+        self, child: ChildHandle, call: StepCall, watch: Watch, writes: set[str]
+    ) -> tuple[StepResult | None, str | Failure]:
+        """Hand the child its ``start`` and read it to its result: (its result, "") or
+        (None, why it gave none). Sessions it writes are added to ``writes`` as it reports
+        them (and counted as being written meanwhile)."""
+        for sid in writes:
+            self._writing_now(sid)
         child.started = True
         if not child.send(Start(**call.wire())):
-            child.stop()
-            status = await self._reap(child)
-            how = describe_status(status)
-            return (
-                None,
-                None,
-                f"could not hand the step to child {child.pid} ({how} before reading it)",
-            )
-        async for item in child.messages():
-            if isinstance(item, ProtocolError):
-                child.stop()
-                return None, sid, f"protocol error from step child: {item}"
-            if isinstance(item, Session):
-                if item.label != call.label:
-                    child.stop()
-                    return None, sid, f"protocol error from step child: session for {item.label!r}"
-                sid = item.session_id
-                watch.on_session(sid)
-            elif isinstance(item, EventMsg):
-                from flower.core.result import Event
+            return None, f"could not hand the step to child {child.pid} before it ended"
+        async with contextlib.aclosing(child.messages()) as frames:
+            async for item in frames:
+                if isinstance(item, Result):
+                    return StepResult.from_dict(item.fields), ""
+                if isinstance(item, Failure):
+                    return None, item
+                problem = self._take_frame(child, call, watch, item, writes)
+                if problem:
+                    return None, problem
+        return None, ""
 
-                watch.on_event(Event(item.kind, item.step, dict(item.payload)))
-            elif isinstance(item, Result):
-                return StepResult.from_dict(item.fields), sid, ""
-            elif isinstance(item, Ask):
-                self._answer(child, item)
-            elif isinstance(item, Failure):
-                return None, sid, item
-            elif not isinstance(item, Hello):
-                return None, sid, f"unexpected message from step child: {type(item).__name__}"
-        return None, sid, ""
+    def _take_frame(
+        self,
+        child: ChildHandle,
+        call: StepCall,
+        watch: Watch,
+        item: Message | ProtocolError,
+        writes: set[str],
+    ) -> str:
+        """Act on one frame before the result; a protocol problem ends the attempt."""
+        if isinstance(item, ProtocolError):
+            return f"protocol error from step child: {item}"
+        if isinstance(item, Hello):
+            return "" if item.pid == child.pid else f"protocol error: hello from pid {item.pid}"
+        if isinstance(item, Session):
+            if item.label != call.label:
+                return f"protocol error from step child: session for {item.label!r}"
+            child.session_id = item.session_id
+            if item.session_id not in writes:
+                writes.add(item.session_id)
+                self._writing_now(item.session_id)
+            watch.on_session(item.session_id)
+        elif isinstance(item, EventMsg):
+            watch.on_event(Event(item.kind, item.step, dict(item.payload)))
+        elif isinstance(item, Ask):
+            self._answer(child, item)
+        else:
+            return f"unexpected message from step child: {type(item).__name__}"
+        return ""
 
     def _answer(self, child: ChildHandle, question: Ask) -> None:
         """Put the question to the person while the child's frames keep being read."""
@@ -335,8 +380,23 @@ class Forked:
             child.send(Answer(id=question.id, state=state, text=text))
 
         task = asyncio.get_running_loop().create_task(answer())
-        self._asking.add(task)
-        task.add_done_callback(self._asking.discard)
+        child.asking.add(task)
+        task.add_done_callback(child.asking.discard)
+
+    # -- who writes which session ---------------------------------------------------------
+
+    def _writing_now(self, sid: str) -> None:
+        """A running child writes ``sid`` from now on: a CLI prepared with it is stale."""
+        self._writing[sid] = self._writing.get(sid, 0) + 1
+        for child in [c for c in self.prepared if c.call.resume == sid]:
+            self._drop(child)
+
+    def _written(self, sid: str) -> None:
+        n = self._writing.get(sid, 0) - 1
+        if n > 0:
+            self._writing[sid] = n
+        else:
+            self._writing.pop(sid, None)
 
     # -- prepared children ----------------------------------------------------------------
 
@@ -346,33 +406,47 @@ class Forked:
             if not any(_fits(child, c) for c in calls):
                 self._drop(child)
         for call in calls:
-            if any(_fits(child, call) for child in self.prepared):
-                continue
-            if call.resume and call.resume in self._closing:
-                # Its CLI would load that session while the last one is still flushing it:
-                # the attempt waits for that, then forks.
+            if any(_fits(child, call) for child in self.prepared) or not self._preparable(call):
                 continue
             try:
                 self.prepared.append(self._spawn(call, seat))
             except OSError as exc:  # preparing is an optimisation: the attempt forks later
                 log.debug("could not prepare a child for %s: %s", call.label, exc)
 
+    def _preparable(self, call: StepCall) -> bool:
+        """May a CLI for ``call`` be started now? Not while its session is being written or
+        flushed (it would load a stale copy), nor for a spec with Python callbacks."""
+        if call.resume and (call.resume in self._writing or call.resume in self._closing):
+            return False
+        return not _runs_python(call.spec)
+
     def _take_prepared(self, call: StepCall) -> ChildHandle | None:
+        """The child prepared for ``call``, if it is alive; others for its label are dropped
+        (they were prepared for another session)."""
+        taken = None
         for child in list(self.prepared):
-            if not _fits(child, call):
+            if child.call.label != call.label:
                 continue
-            self.prepared.remove(child)
-            if child.poll() is None:
-                return child
-            self._retire(child)  # it died waiting; a fresh child does the attempt
-        return None
+            if taken is None and _fits(child, call) and child.poll() is None:
+                self.prepared.remove(child)
+                taken = child
+            else:
+                self._drop(child)
+        return taken
 
     def _drop(self, child: ChildHandle) -> None:
         """Shut a prepared child down: it exits without a request, its empty log goes too."""
         self.prepared.remove(child)
         if not child.send(Shutdown(reason="not needed")):
             child.stop(grace=0.0)
-        self._reap_later(child, None, then=lambda: _remove_if_empty(child.log_path))
+        self._reap_later(child, None, then=lambda: self._remove_log_if_empty(child))
+
+    def _remove_log_if_empty(self, child: ChildHandle) -> None:
+        if any(c.log_path == child.log_path for c in self.children.values()):
+            return  # another child of that label writes to it
+        with contextlib.suppress(OSError):
+            if child.log_path.stat().st_size == 0:
+                child.log_path.unlink()
 
     # -- children's lives -----------------------------------------------------------------
 
@@ -428,8 +502,9 @@ class Forked:
         shells) and any orphan re-parented to us, the subreaper, gets killed and reaped; its
         temporary files (a resumed transcript the SDK copied) are removed. A child that exited
         cleanly killed its own descendants first, so the scan for orphans (a few ms of
-        reading the process table) is spared."""
-        self.children.pop(child.pid, None)
+        reading the process table) is spared. Retiring twice does nothing more."""
+        if self.children.pop(child.pid, None) is None and child.closed:
+            return
         child.close()
         self.procs.killpg(child.pid)
         if not clean:
@@ -444,12 +519,21 @@ class Forked:
             await asyncio.gather(*list(self._reapers), return_exceptions=True)
 
     def stop_now(self) -> None:
-        """Stop every child and its whole tree (blocking, bounded): SIGTERM/SIGHUP, Ctrl-C twice."""
+        """Stop every child and its whole tree (blocking, bounded): SIGTERM/SIGHUP, Ctrl-C
+        twice. Their temporary files (copied transcripts) go too."""
         self.prepared.clear()
         for child in list(self.children.values()):
             child.stop()
             self.children.pop(child.pid, None)
             child.close()
+            shutil.rmtree(child.tmp, ignore_errors=True)
+
+
+def _runs_python(spec: AgentSpec) -> bool:
+    """Does the spec hand the SDK Python callbacks (hooks, in-process MCP servers)?"""
+    if spec.hooks:
+        return True
+    return any(isinstance(s, dict) and s.get("type") == "sdk" for s in spec.mcp_servers.values())
 
 
 def _sweep_tmp(tmp: Path) -> None:
@@ -462,12 +546,6 @@ def _sweep_tmp(tmp: Path) -> None:
     for name in names:
         if not (name.isdigit() and psutil.pid_exists(int(name))):
             shutil.rmtree(tmp / name, ignore_errors=True)
-
-
-def _remove_if_empty(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        if path.stat().st_size == 0:
-            path.unlink()
 
 
 def _settle(future: asyncio.Future[None]) -> None:

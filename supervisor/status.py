@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from flower.core.registry import (
 )
 from flower.stores import SESSIONS_DB
 from flower.stores.dbfile import damage as db_damage
+from flower.stores.dbfile import has_transcript
 
 LAST_ROWS = 10
 RESUMABLE = "interrupted-resumable"
@@ -147,19 +147,10 @@ def _damaged(run_dir: Path, registry: Registry, steps: dict[str, str]) -> list[d
 
 
 def _stored(db: Path, session_id: str) -> bool:
-    """Does ``sessions.db`` hold a main transcript of ``session_id``? (True when it cannot
-    be asked: status reports what it knows, and a store it cannot read is not "gone".)"""
-    if not db.exists():
-        return False
-    try:
-        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=1.0)
-        try:
-            sql = "SELECT 1 FROM meta WHERE session_id = ? AND subpath IS NULL LIMIT 1"
-            return conn.execute(sql, (session_id,)).fetchone() is not None
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return True
+    """Does ``sessions.db`` hold a transcript of ``session_id``? (True when it cannot be asked:
+    status reports what it knows, and a store it cannot read is not a session that is gone.
+    Unlike a start it does not know the workspace's project key: any project counts.)"""
+    return has_transcript(db, session_id) is not False
 
 
 def _set_aside(run_dir: Path, registry: Registry) -> list[str]:

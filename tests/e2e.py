@@ -195,7 +195,8 @@ def cli_under(pid: int) -> list[psutil.Process]:
 
 
 def attempt_child(sup_pid: int) -> psutil.Process | None:
-    """The supervisor's step child whose CLI is running (not a prepared or exiting one)."""
+    """The supervisor's step child that has a CLI running. For one-step flows, where no
+    child is prepared ahead, that is the child running the attempt."""
     try:
         kids = psutil.Process(sup_pid).children()
     except psutil.Error:

@@ -160,6 +160,7 @@ def test_ctrl_c_during_the_backoff_after_a_death_reaches_the_same_session(model_
         sid = held[0].session_id
         wait_until(lambda: f.has_tool_result(sid), 10, "the tool result in sessions.db")
         child = wait_until(lambda: attempt_child(term.proc.pid), 10, "the step child")
+        killed_at = max(r.seq for r in server.requests)
         child.kill()
         term.expect("步骤子进程意外退出")  # the death is a failed attempt: the backoff begins
         term.type(b"\x03")
@@ -170,6 +171,10 @@ def test_ctrl_c_during_the_backoff_after_a_death_reaches_the_same_session(model_
         term.close()
     told = [r for r in server.requests if any(SENTENCE in t for t in r.texts())]
     assert told and {r.session_id for r in told} == {sid}, "the sentence did not reach the session"
+    # The Ctrl-C ended the backoff itself: the first request after the death already carries
+    # the sentence (a Ctrl-C that came after the wait would have interrupted a new attempt).
+    after = [r for r in server.requests if r.seq > killed_at and r.conversation == "backoff"]
+    assert after and any(SENTENCE in t for t in after[0].texts()), [r.texts()[-1:] for r in after]
     (row,) = f.rows("backoff")
     assert row["ok"] and row["session_id"] == sid and row["resumed"], row
     # The death used an attempt; the interrupt during the backoff did not.

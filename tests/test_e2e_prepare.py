@@ -24,10 +24,15 @@ def conversation(name: str, turns: list[Any]) -> dict[str, Any]:
     return {"name": name, "match": {"marker": f"[[{name}]]"}, "turns": turns}
 
 
+HOLD = 8  # seconds step a is held: room for the prepared child's CLI to start, even on a busy CI
+
+
 def held_a(**more: Any) -> dict[str, Any]:
     """Step a is held by the server long enough to look at the supervisor's children."""
     return {
-        "conversations": [conversation("a", [{"text": "a done.", "delay": 4, "times": 1, **more}])]
+        "conversations": [
+            conversation("a", [{"text": "a done.", "delay": HOLD, "times": 1, **more}])
+        ]
     }
 
 
@@ -47,9 +52,10 @@ def prepared_while_a_runs(f: Flower, server: ModelServer, proc: Any) -> int:
         30,
         "a prepared child with its CLI",
     )
-    running = {r.session_id for r in server.requests}
-    assert running, "step a's request"
-    return max(k.pid for k in kids)  # forked after a's child
+    (log,) = f.runs.glob("logs/*/a.log")  # a's child wrote "--- a: attempt 1 (pid N)" on start
+    running = int(re.search(r"\(pid (\d+)\)", log.read_text())[1])  # type: ignore[index]
+    (prepared,) = [k.pid for k in kids if k.pid != running]
+    return prepared
 
 
 def test_a_prepared_child_whose_step_does_not_run_sends_nothing(model_server, flower_env):
@@ -99,7 +105,7 @@ def test_a_flow_that_stops_drops_the_child_prepared_for_the_next_step(model_serv
     server = model_server(
         {
             "conversations": [
-                conversation("a", [{"error": 401, "delay": 4}]),
+                conversation("a", [{"error": 401, "delay": HOLD}]),
                 conversation("b", ["b done."]),
             ]
         }

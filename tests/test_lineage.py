@@ -543,3 +543,15 @@ def test_archive_never_overwrites_and_with_nothing_returns_none(ws: Path, runs: 
     assert json.loads((into / LINEAGE_NAME).read_text())["steps"] == {"一": "sid-1"}
     assert json.loads((into / "lineage-2.json").read_text())["steps"] == {"二": "sid-2"}
     assert lin.archive(into) is None
+
+
+def test_a_gone_session_is_reported_once_then_dropped(
+    ws: Path, runs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"a": "gone-sid", "b": SID}})
+    alive = lambda sid: sid != "gone-sid"  # noqa: E731 - a one-line stand-in for the store
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        Lineage(runs, ws, has_session=alive).wake(["a", "b"])
+        assert on_disk(runs)["steps"] == {"b": SID}  # the copy beside it keeps "a"
+        Lineage(runs, ws, has_session=alive).wake(["a", "b"])
+    assert len(caplog.messages) == 1 and len(list(runs.glob(f"{LINEAGE_NAME}.gone-*"))) == 1

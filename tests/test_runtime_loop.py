@@ -666,3 +666,20 @@ def test_end_leftovers_kills_what_carries_the_attempt_tag_and_nothing_else():
         for proc in (mine, other):
             proc.kill()
             proc.wait(timeout=5)
+
+
+def test_an_exception_out_of_the_placement_stops_the_step_as_a_crash(make):
+    # A bug below the loop (a placement's own code, a callback it runs) is not retried and
+    # probes nothing: one attempt, one line, the traceback in the step's log file.
+    async def broken(rt: Scripted) -> StepResult:
+        raise KeyError("fields")
+
+    net = Net()
+    rt = make([broken, ok("never")], resilience=net)
+    res = run(rt)
+    assert not res.ok and res.attempts == 1 and res.errors == [res.error] and len(rt.calls) == 1
+    assert "not retried" in (res.error or "") and "KeyError" in (res.error or "")
+    log = rt.run_dir / "logs" / rt.run_id / "s.log"
+    assert str(log) in (res.error or "") and "Traceback" in log.read_text()
+    assert net.probes == 0 and net.delays == []
+    assert row(rt)["error"] == res.error

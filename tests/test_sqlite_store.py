@@ -21,7 +21,12 @@ from claude_agent_sdk.testing import run_session_store_conformance
 from claude_agent_sdk.types import SessionStore
 
 import flower.stores.sqlite as sqlite_store
-from flower.stores.sqlite import SessionStoreBusy, SessionStoreError, SqliteSessionStore
+from flower.stores.sqlite import (
+    SessionStoreBusy,
+    SessionStoreDamaged,
+    SessionStoreError,
+    SqliteSessionStore,
+)
 
 WRITER = Path(__file__).parent / "fixtures" / "sqlite_writer.py"
 OPTIONAL = ("list_sessions", "list_session_summaries", "delete", "list_subkeys")
@@ -418,3 +423,23 @@ def test_a_file_that_is_not_a_database_gets_a_clear_error(tmp_path: Path) -> Non
         SqliteSessionStore(db)
     assert "move it aside" in info.value.hint
     assert db.read_bytes() == b"this is not sqlite" * 100  # never touched
+
+
+def test_a_disk_error_is_not_damage_and_the_file_stays(tmp_path: Path, monkeypatch) -> None:
+    """Only SQLite saying the contents are bad sets a database aside: a full disk, a read-only
+    directory or an I/O error is one clear error, and the (healthy) file stays where it is."""
+    from types import SimpleNamespace
+
+    from flower.stores import open_store
+
+    SqliteSessionStore(tmp_path / "sessions.db").close()  # a healthy database
+
+    def disk_trouble(self, conn):  # what SQLite raises for ENOSPC / EIO
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(SqliteSessionStore, "_configure", disk_trouble)
+    runtime = SimpleNamespace(run_dir=tmp_path, workspace=tmp_path)
+    with pytest.raises(SessionStoreError, match="cannot be opened: disk I/O error") as info:
+        open_store(runtime)
+    assert not isinstance(info.value, SessionStoreDamaged) and info.value.hint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sessions.db"]

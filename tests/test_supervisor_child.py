@@ -17,6 +17,7 @@ import pytest
 
 from flower import AgentSpec, Resilience, Runtime, StepResult, read_manifest
 from flower.core.call import StepCall
+from flower.core.proctree import PROCS
 from ipc import Answer, Ask, Failure, LineWriter, Message, Result, Shutdown, Start, read_messages
 from supervisor.placement import Forked
 
@@ -45,6 +46,8 @@ def with_child(monkeypatch, behaviour) -> None:
 
     def fake_child_main(setup) -> int:
         os.dup2(os.open(str(setup.log_path), os.O_WRONLY | os.O_CREAT, 0o600), 2)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as the real child: SIGTERM ends it
+        PROCS.forked()  # the signals held back across the fork
         return behaviour(setup)
 
     monkeypatch.setattr("supervisor.placement.child_main", fake_child_main)
@@ -259,7 +262,8 @@ def test_no_child_is_prepared_for_a_session_still_being_flushed(tmp_path, monkey
             if isinstance(msg, Start):
                 _send(setup, Result(StepResult(step=msg.label, session_id="S", ok=True).to_dict()))
                 break
-        while not gate.exists():  # "its CLI is still writing the transcript"
+        deadline = time.monotonic() + 30  # bounded: a failing test must not leave it spinning
+        while not gate.exists() and time.monotonic() < deadline:  # "its CLI still writes"
             time.sleep(0.01)
         return 0
 

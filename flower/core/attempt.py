@@ -309,10 +309,11 @@ class SdkAttempt:
         client, self._client = self._client, None
         if client is None and self._failed is None:
             return
-        if defer is not None and self.state.result.ok:
+        failed = not self.state.result.ok
+        if defer is not None and not failed:
             defer.append(lambda: _shut(client, self.tag, self.procs, sweep=False))
         else:
-            await _shut(client, self.tag, self.procs, sweep=True)
+            await _shut(client, self.tag, self.procs, sweep=failed)
 
 
 async def _shut(client: Any, tag: str, procs: ProcessTree, *, sweep: bool) -> None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._errors import AttemptCrash
 from .attempt import SdkAttempt
 from .call import StepCall
-from .placement import Seat, Watch, write_crash_log
+from .placement import Seat, Watch
 from .result import StepResult
 
 
@@ -22,9 +21,6 @@ class InProcess:
         try:
             await att.connect()
             return await att.run()
-        except AttemptCrash as crash:
-            crash.log = str(write_crash_log(seat.log_for(call.label), crash))
-            raise
         finally:
             await att.close()
 

@@ -26,6 +26,7 @@ class Interrupts:
         self._text: str | None = None
         self._reply: asyncio.Future[str | None] | None = None
         self._handle: Interruptible | None = None
+        self._delivering: set[asyncio.Task[None]] = set()
 
     async def request(self, text: str | None = None) -> None:
         """Interrupt at the next message boundary. ``text`` is what the person said; None
@@ -52,7 +53,9 @@ class Interrupts:
         """``handle`` is what an interrupt reaches from now on; a pending one reaches it now."""
         self._handle = handle
         if handle is not None and self.requested:
-            asyncio.get_running_loop().create_task(_interrupt(handle))
+            task = asyncio.get_running_loop().create_task(_interrupt(handle))
+            self._delivering.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(self._delivering.discard)
 
     async def take(self) -> str | None:
         """Consume the pending interrupt: what the person said (waiting for :meth:`reply`,

@@ -111,18 +111,22 @@ def _parse(text: str) -> _State | None:
     return _diagnose(text)[0]
 
 
-def damage(run_dir: str | Path) -> str | None:
-    """What is wrong with ``<run_dir>/lineage.json`` (None when it is missing or well-formed)."""
-    path = Path(run_dir) / LINEAGE_NAME
+def _read_file(path: Path) -> tuple[_State | None, str]:
+    """A lineage file's content and, when it has none usable, why ('' when it is missing)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return None
+        return None, ""
     except UnicodeDecodeError:
-        return "is not UTF-8 text"
+        return None, "is not UTF-8 text"
     except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    return _diagnose(text)[1] or None
+        return None, f"cannot be read ({exc.strerror or exc})"
+    return _diagnose(text)
+
+
+def damage(run_dir: str | Path) -> str | None:
+    """What is wrong with ``<run_dir>/lineage.json`` (None when it is missing or well-formed)."""
+    return _read_file(Path(run_dir) / LINEAGE_NAME)[1] or None
 
 
 def peek(run_dir: str | Path) -> dict[str, Any]:
@@ -186,13 +190,7 @@ class Lineage:
         return self._read_diagnosed()[0]
 
     def _read_diagnosed(self) -> tuple[_State | None, str]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            return None, "is not UTF-8 text"
-        except (OSError, ValueError) as exc:
-            return None, f"cannot be read ({exc})"
-        return _diagnose(text)
+        return _read_file(self.path)
 
     def _ours(self, workspace: str) -> bool:
         try:
@@ -260,6 +258,9 @@ class Lineage:
         gone = {n: sid for n, sid in file_steps.items() if n in mine and n not in self.steps}
         if gone:
             self._keep_copy_of_gone(gone)
+            # Ours to drop: no live flower uses these steps (a start that would is refused),
+            # and an entry left in place would be reported again at every start.
+            file_steps = {n: sid for n, sid in file_steps.items() if n not in gone}
         try:
             self._write(self.woke, file_steps)
         except OSError as exc:
@@ -268,8 +269,8 @@ class Lineage:
 
     def _keep_copy_of_gone(self, gone: dict[str, str]) -> None:
         """Entries naming sessions the store no longer has: those steps start fresh. The
-        file stays (other flows' entries are in it) and the step's new session will replace
-        its entry, so a copy keeps the old ids for a person to look at."""
+        file stays (other flows' entries are in it) and loses those entries, so a copy keeps
+        the old ids for a person to look at."""
         names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
         try:
             aside = _unused(

@@ -35,9 +35,10 @@ import tenacity
 from .._errors import AttemptCrash
 from ..docs.handoff import HANDOFF_PROMPT, Handoff, degraded
 from ..util.overflow import is_overflow
+from .attempt import crash_of
 from .call import StepCall
 from .interrupts import Interrupts
-from .placement import Placement, Seat, Watch
+from .placement import Placement, Seat, Watch, write_crash_log
 from .resilience import Resilience
 from .result import HANDOFF_DUE, INTERRUPTED, Event, StepResult
 from .window import HandoffPolicy
@@ -96,7 +97,7 @@ class StepLoop:
         res = self.result
         policy = self.resilience
         retrying = policy.backoff(
-            stop=tenacity.stop_after_attempt(policy.max_attempts if policy.enabled else 1),
+            # delay_for, not policy.wait itself: a policy that overrides it is honoured
             wait=lambda state: policy.delay_for(state.attempt_number),
             retry=tenacity.retry_if_result(lambda _: self._retryable),
             before=self._before_attempt,
@@ -147,7 +148,18 @@ class StepLoop:
                 return out
 
     async def _attempt(self, call: StepCall, watch: Watch) -> StepResult:
-        out = await self.placement.attempt(call, self.seat, watch)
+        """One attempt through the placement. Anything but a result stops the step as a
+        crash: a placement's own bug (or a callback's) is not a reason to retry."""
+        try:
+            out = await self.placement.attempt(call, self.seat, watch)
+        except AttemptCrash as known:
+            if not known.log:  # it happened where no step log was written
+                known.log = str(write_crash_log(self.seat.log_for(call.label), known))
+            raise
+        except Exception as exc:
+            crash = crash_of(exc)
+            crash.log = str(write_crash_log(self.seat.log_for(call.label), crash))
+            raise crash from exc
         if self.interrupts.requested:
             out.ok, out.error = False, INTERRUPTED
         return out

@@ -27,8 +27,10 @@ cluster engine) needs no change to the loop or the workflow if it keeps this con
    A placement never retries, never waits for the network, never writes lineage or the
    manifest: the loop does all of that, the same way for every placement.
 5. Raise :class:`flower.AttemptCrash` when retrying cannot help (a bug in flower, a spec the
-   SDK rejects, an import that fails where the attempt runs), with the traceback written to
-   the step's log file (``seat.log_for(label)``) and named in ``crash.log``.
+   SDK rejects, an import that fails where the attempt runs); where the traceback was written
+   to the step's log file already (a child's stderr is that file), name it in ``crash.log``.
+   The loop writes the traceback of every other crash, and treats any other exception out of
+   ``attempt`` as a crash too.
 6. Leave nothing running: when the attempt ends, its CLI and every tool process it started
    are gone or going (a successful CLI may finish exiting in the background, as long as an
    attempt that resumes the same session waits for it), and a cancelled ``attempt`` ends its
@@ -101,10 +103,16 @@ def safe_label(label: str) -> str:
 
 
 def write_crash_log(path: Path, crash: BaseException) -> Path:
-    """Append ``crash``'s traceback to a step's log file; returns the path (best effort)."""
+    """Append the crash's traceback to a step's log file; returns the path (best effort).
+
+    An :class:`~flower.AttemptCrash` carries the traceback of what went wrong as ``detail``
+    (it is made, not raised, where that is caught)."""
     import os
 
-    text = "".join(traceback.format_exception(crash))
+    detail = getattr(crash, "detail", "")
+    text = (
+        detail if isinstance(detail, str) and detail else "".join(traceback.format_exception(crash))
+    )
     try:
         fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:

@@ -33,6 +33,9 @@ import psutil
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
+# Signals held back while a step child is forked (see ProcessTree.fork).
+FORK_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
 # Every process of one attempt (the CLI and the tool shells it starts) inherits this variable
 # with a value unique to the attempt. Measured: SIGKILL of the CLI mid-tool leaves the tool's
 # shell running, re-parented away from its CLI, where a process-tree walk no longer finds it.
@@ -45,8 +48,26 @@ class ProcessTree:
     # -- the primitives a fake replaces ---------------------------------------------------
 
     def fork(self) -> int:
-        """``os.fork()``: 0 in the child, the child's pid in the parent; OSError on failure."""
-        return os.fork()
+        """``os.fork()``: 0 in the child, the child's pid in the parent; OSError on failure.
+
+        :data:`FORK_SIGNALS` are blocked across the fork: until the child has its own process
+        group and handlers, a Ctrl-C or SIGTERM would run the parent's handlers in it (which
+        write into the parent's wakeup pipe). The parent gets its mask back at once; the
+        child unblocks them with :meth:`forked` once it is ready.
+        """
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, FORK_SIGNALS)
+        try:
+            pid = os.fork()
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            raise
+        if pid:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return pid
+
+    def forked(self) -> None:
+        """In a child of :meth:`fork`, with its own handlers set: let the signals in."""
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORK_SIGNALS)
 
     def waitpid(self, pid: int, options: int = 0) -> tuple[int, int]:
         """``os.waitpid``; ``(0, 0)`` while a WNOHANG child still runs."""

@@ -306,11 +306,12 @@ class Resilience:
     def backoff(self, **overrides: Any) -> tenacity.AsyncRetrying:
         """A tenacity ``AsyncRetrying`` with this policy: ``max_attempts`` tries, jittered waits.
 
-        Meant for the supervisor when a step child dies::
+        The step loop counts a step's attempts with it, for every placement (a 529 and a dead
+        step child are both one failed attempt)::
 
-            async for attempt in resilience.backoff(retry=retry_if_exception_type(ChildDied)):
+            async for attempt in resilience.backoff(retry=retry_if_exception_type(Overloaded)):
                 with attempt:
-                    await run_child()
+                    await call_the_api()
 
         By default every exception is retried and the last one is re-raised as itself (not
         wrapped in ``tenacity.RetryError``). ``overrides`` go to ``AsyncRetrying`` unchanged

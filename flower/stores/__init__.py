@@ -19,7 +19,7 @@ def open_store(runtime: Any) -> Any:
     size trimming; expiry and pruning stay on.
     """
     from .prune import PrunePolicy, PruningSessionStore
-    from .sqlite import SessionStoreDamaged
+    from .sqlite import SessionStoreDamaged, SessionStoreError
     from .trim import EphemeralPolicy, TrimPolicy
 
     def _policy(value: Any, cls: type[Any]) -> Any:
@@ -42,7 +42,13 @@ def open_store(runtime: Any) -> Any:
     except SessionStoreDamaged as exc:
         # Continuity never blocks work: the damaged file is kept for a person, a fresh one
         # starts, and the sessions in the old one cannot be continued (lineage says so).
-        aside = set_aside_database(path)
+        try:
+            aside = set_aside_database(path)
+        except OSError as move:
+            raise SessionStoreError(
+                f"{exc.message}, and it cannot be moved aside ({move.strerror or move})",
+                hint=f"move {path} (and its -wal/-shm files) away by hand, then run again",
+            ) from exc
         log.warning(
             "%s; moved it (with its -wal/-shm files) to %s and started a fresh one; "
             "earlier conversations stay in the old file",

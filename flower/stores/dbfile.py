@@ -11,11 +11,20 @@ WAL next to a fresh database would be replayed into it), never deleted.
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 from ..util.fsutil import set_aside
 
 HEADER = b"SQLite format 3\x00"
+
+#: Is there a main transcript of ``:sid`` with at least one entry, under project ``:pk`` (any
+#: project when null)? The store's ``has_session`` and ``status`` ask the same question.
+SESSION_EXISTS = (
+    "SELECT 1 FROM meta m WHERE m.session_id = :sid AND m.subpath IS NULL"
+    " AND (:pk IS NULL OR m.project_key = :pk)"
+    " AND EXISTS (SELECT 1 FROM entries e WHERE e.key = m.key) LIMIT 1"
+)
 HEADER_BYTES = 100
 SIDECARS = ("-wal", "-shm")
 
@@ -46,6 +55,23 @@ def damage(path: str | Path) -> str | None:
     if counter_valid and pages and not _wal_has_frames(p) and size < pages * page_size:
         return f"is not a usable SQLite database (cut short: {size} of {pages * page_size} bytes)"
     return None
+
+
+def has_transcript(path: str | Path, session_id: str) -> bool | None:
+    """:data:`SESSION_EXISTS` under any project, read-only and without the SDK (for
+    ``status``); None when the file cannot be asked."""
+    p = Path(path)
+    if not p.exists():
+        return False
+    try:
+        conn = sqlite3.connect(f"{p.as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            row = conn.execute(SESSION_EXISTS, {"sid": session_id, "pk": None}).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return row is not None
 
 
 def _wal_has_frames(path: Path) -> bool:

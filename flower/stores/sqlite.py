@@ -68,7 +68,7 @@ from tenacity import (
 
 from .._errors import FlowerError
 from ..util.fsutil import open_private, private_dir
-from .dbfile import damage
+from .dbfile import SESSION_EXISTS, damage
 
 __all__ = [
     "BUSY_DEADLINE_S",
@@ -189,6 +189,14 @@ def _is_busy(exc: BaseException) -> bool:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     message = str(exc)
     return "locked" in message or "busy" in message
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    """Does SQLite say the file's contents are bad (not a database, or malformed)?"""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+    return not isinstance(exc, sqlite3.OperationalError)
 
 
 def _create_private(path: Path) -> None:
@@ -397,13 +405,8 @@ class SqliteSessionStore(SessionStore):
     def has_session(self, session_id: str, project_key: str | None = None) -> bool:
         """True if a main transcript of ``session_id`` with at least one entry is stored
         (under ``project_key`` if given, else under any project)."""
-        sql = (
-            "SELECT 1 FROM meta m WHERE m.session_id = :sid AND m.subpath IS NULL"
-            " AND (:pk IS NULL OR m.project_key = :pk)"
-            " AND EXISTS (SELECT 1 FROM entries e WHERE e.key = m.key) LIMIT 1"
-        )
         params = {"sid": session_id, "pk": project_key}
-        return self._run_sync(lambda c: c.execute(sql, params).fetchone() is not None)
+        return self._run_sync(lambda c: c.execute(SESSION_EXISTS, params).fetchone() is not None)
 
     def load_sync(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         """:meth:`load` for callers outside an event loop."""
@@ -608,14 +611,18 @@ class SqliteSessionStore(SessionStore):
         )
         try:
             self._configure(conn)
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:
             conn.close()
             if _is_busy(exc):
                 raise
-            raise self._unusable(exc) from exc
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise self._unusable(exc) from exc
+            if _is_damage(exc):
+                raise self._unusable(exc) from exc
+            # A full disk, a read-only or vanished directory, an I/O error: the file may be
+            # fine, so it is never set aside for it.
+            raise SessionStoreError(
+                f"{self.path} cannot be opened: {exc}",
+                hint="check the disk and the run directory's permissions, then run again",
+            ) from exc
         except BaseException:
             conn.close()
             raise

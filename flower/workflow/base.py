@@ -264,20 +264,25 @@ class _Run:
         them ready while this step runs (only their prompt waits for ctx). ``now`` is the
         step about to run: a child already prepared for it is kept for it."""
         steps = self.wf.steps[index + 1 : index + 1 + LOOKAHEAD]
-        calls = [c for j, s in enumerate(steps, index + 1) if (c := self._likely_call(j, s, index))]
+        calls = [c for s in steps if (c := self._likely_call(s, index, now))]
         self.rt.prepare([now, *calls])
 
-    def _likely_call(self, j: int, step: Step, running: int) -> StepCall | None:
-        """Step ``j``'s first attempt as far as it is known while step ``running`` runs
-        (its prompt aside), or None when its session is not settled yet."""
+    def _likely_call(self, step: Step, running: int, now: StepCall) -> StepCall | None:
+        """A later step's first attempt as far as it is known while step ``running`` runs
+        (its prompt aside), or None when its session is not settled yet: a step that
+        continues another step's session before that one has run, or the very session the
+        running step is writing."""
         if self.prior is not None and step.name in self.prior.completed:
             return None  # most likely reused from the unfinished run: nothing to send
         if step.resume_from is not None:
             names = [s.name for s in self.wf.steps]
             source = names.index(step.resume_from) if step.resume_from in names else None
             if source is None or source >= running:
-                return None  # that step has not settled its session yet
-        return StepCall(step.spec, "", step.name, self._session_for(step), step.fork)
+                return None
+        resume = self._session_for(step)
+        if resume is not None and resume == now.resume and not now.fork:
+            return None
+        return StepCall(step.spec, "", step.name, resume, step.fork)
 
     def _resume_text(self, step: Step, prompt: str) -> str:
         """What a continued session is told: the step's resume_prompt; for the step a dead
