@@ -185,6 +185,7 @@ class _Child:
         deferred: list[Closer] = []
         try:
             start = await self.started
+            prepared = connecting.done()  # its CLI was started before its step came
             problem = _mismatch(start, self.setup.call)
             if problem:
                 self.send(
@@ -193,7 +194,7 @@ class _Child:
                 return 1
             print(f"--- {start.label}: attempt {start.attempt} (pid {os.getpid()})", flush=True)
             await connecting
-            if self.attempt.lost():  # its CLI, started ahead of time, died meanwhile
+            if prepared and self.attempt.lost():  # started ahead of time, gone meanwhile
                 print("--- the CLI started ahead of time is gone; starting it again", flush=True)
                 await self.attempt.close()
                 self.attempt = SdkAttempt(self.setup.call, self.setup.seat, self.watch)

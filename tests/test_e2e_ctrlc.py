@@ -116,10 +116,13 @@ def test_ctrl_c_twice_exits_and_the_next_start_resumes(model_server, flower_env)
     f: Flower = flower_env(server)
     term = Pty(f)
     try:
-        # Wait for the second turn: by then the session id is known and in lineage.json.
-        server.wait_for(
-            lambda reqs: any(r.conversation == "only" and r.turn == 1 for r in reqs), timeout=60
+        # Wait for the second turn: by then the session id is known and in lineage.json, and
+        # (a moment later: the CLI writes a turn only after sending the next request) its
+        # first turn is in sessions.db, which the next start checks before resuming it.
+        held = server.wait_for(
+            lambda reqs: [r for r in reqs if r.conversation == "only" and r.turn == 1], timeout=60
         )
+        wait_until(lambda: f.has_tool_result(held[0].session_id), 10, "the turn in sessions.db")
         term.type(b"\x03")
         term.expect("打断了")
         term.type(b"\x03")

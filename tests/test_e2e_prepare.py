@@ -13,7 +13,7 @@ import pytest
 
 from flower.testing.model_server import ModelServer
 
-from .e2e import Flower, cli_under, wait_until
+from .e2e import Flower, cli_under, kill, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]  # one flower run of two or three turns
 
@@ -42,6 +42,13 @@ def children_with_a_cli(sup_pid: int) -> list[psutil.Process]:
     except psutil.Error:
         return []
     return [k for k in kids if cli_under(k.pid)]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def prepared_while_a_runs(f: Flower, server: ModelServer, proc: Any) -> int:
@@ -76,9 +83,7 @@ def test_a_prepared_child_whose_step_does_not_run_sends_nothing(model_server, fl
     assert not [r for r in server.requests if r.conversation == "b"], "b's child sent a request"
     assert [r["step"] for r in f.manifest()] == ["a", "c"]
     assert "b" not in f.lineage()["steps"]
-    assert (
-        not psutil.pid_exists(prepared) or psutil.Process(prepared).status() == psutil.STATUS_ZOMBIE
-    )
+    assert gone(prepared)
     logs = {p.name for p in f.runs.glob("logs/*/*.log")}
     assert "b.log" not in logs, "the unneeded child left an (empty) log behind"
     f.assert_no_survivors()
@@ -137,4 +142,22 @@ def test_a_prepared_cli_that_died_meanwhile_is_started_again_without_using_an_at
     assert row["ok"] and row["attempts"] == 1 and row["errors"] == [], row
     (log,) = f.runs.glob("logs/*/b.log")
     assert f"(pid {prepared})" in log.read_text() and "starting it again" in log.read_text()
+    f.assert_no_survivors()
+
+
+def test_kill9_of_the_supervisor_takes_a_prepared_child_down_too(model_server, flower_env):
+    server = model_server(
+        {"conversations": [*held_a()["conversations"], conversation("b", ["b done."])]}
+    )
+    f: Flower = flower_env(server)
+    proc = f.start(flow=f"{FLOWS}:used")
+    prepared = prepared_while_a_runs(f, server, proc)
+    kill(proc)  # SIGKILL while a waits on the model and b's child waits, its CLI started
+    f.assert_no_survivors(within=5.0)
+    assert gone(prepared)
+    assert not [r for r in server.requests if r.conversation == "b"]
+
+    code, out = f.run(flow=f"{FLOWS}:used")  # the next start carries on
+    assert code == 0, out
+    assert [r["step"] for r in f.manifest() if r["ok"]] == ["a", "b"]
     f.assert_no_survivors()

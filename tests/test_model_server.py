@@ -655,7 +655,10 @@ E2E_SCRIPT: dict[str, Any] = {
             "match": {"marker": "[[ptl]]"},
             "turns": [{"error": "prompt_too_long"}],
         },
-        {"name": "cut", "match": {"marker": "[[cut]]"}, "turns": [{"cut": 3}]},
+        # Cut after message_start and ping: a turn with no content streams message_delta
+        # (stop_reason end_turn) third, and a CLI that parses it before it sees the reset
+        # takes the turn as finished (seen under load).
+        {"name": "cut", "match": {"marker": "[[cut]]"}, "turns": [{"cut": 2}]},
         {
             "name": "cut-once",
             "match": {"marker": "[[cut-once]]"},
@@ -847,6 +850,26 @@ def test_cli_resume_after_sigkill_while_the_server_holds_a_turn(e2e_server, clau
     held = e2e_server.wait_for(lambda reqs: [r for r in reqs if r.turn == 1], timeout=40)[0]
     sid = held.session_id
     assert held.delay == 60
+    # The CLI writes a turn's entries only after it has sent the next request (60-90 ms
+    # measured, longer under load): kill it once the tool result is in its transcript.
+    from .e2e import wait_until
+
+    def result_written() -> bool:
+        try:
+            entries = read_transcript(home.config, sid)
+        except (AssertionError, OSError, ValueError):  # not written yet, or mid-line
+            return False
+        return any(
+            isinstance(e.get("message"), dict)
+            and any(
+                isinstance(b, dict) and b.get("type") == "tool_result"
+                for b in (e["message"].get("content") or [])
+                if isinstance(e["message"].get("content"), list)
+            )
+            for e in entries
+        )
+
+    wait_until(result_written, 10, "the tool result in the CLI's transcript")
     reaper.kill_tree(proc.pid)
     proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL

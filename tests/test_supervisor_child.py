@@ -7,6 +7,7 @@ end-to-end drills).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import time
@@ -17,7 +18,7 @@ import pytest
 
 from flower import AgentSpec, Resilience, Runtime, StepResult, read_manifest
 from flower.core.call import StepCall
-from flower.core.proctree import PROCS
+from flower.core.proctree import PROCS, ProcessTree
 from ipc import Answer, Ask, Failure, LineWriter, Message, Result, Shutdown, Start, read_messages
 from supervisor.placement import Forked
 
@@ -288,3 +289,31 @@ def test_no_child_is_prepared_for_a_session_still_being_flushed(tmp_path, monkey
         assert asyncio.run(go()) == (0, 1)
     finally:
         rt.close()
+
+
+class NoForks(ProcessTree):
+    """The process tree of a machine out of processes: every fork fails with EAGAIN."""
+
+    forks = 0
+
+    def fork(self) -> int:
+        NoForks.forks += 1
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+
+def test_a_fork_that_fails_is_a_failed_attempt_and_preparing_just_skips(tmp_path):
+    NoForks.forks = 0
+    rt = runtime(tmp_path)
+    rt.placement = Forked(procs=NoForks())
+
+    async def go() -> StepResult:
+        rt.prepare([StepCall(SPEC, "", "s")])  # an optimisation: failing it changes nothing
+        return await rt.run(SPEC, "do it", step_name="s")
+
+    try:
+        result = asyncio.run(go())
+    finally:
+        rt.close()
+    assert not result.ok and result.attempts == 2 and NoForks.forks == 3
+    assert all("could not fork a step child" in e and "temporarily" in e for e in result.errors)
+    assert [r["attempts"] for r in read_manifest(tmp_path / "runs")] == [2]

@@ -263,9 +263,11 @@ class SdkAttempt:
         self.watch.on_handle(self)
 
     def lost(self) -> bool:
-        """Did the CLI it started go away since (a CLI prepared long ago may have)?"""
-        started = self._failed is None and self._client is not None
-        return started and not self.procs.tagged_below(self.tag)
+        """Is the CLI :meth:`connect` started gone: it failed to start, or died since (a CLI
+        prepared long ago may have)?"""
+        if self._client is None or self._failed is not None:
+            return True
+        return not self.procs.tagged_below(self.tag)
 
     async def interrupt(self) -> None:
         if self._client is not None:
