@@ -91,6 +91,8 @@ class Workflow:
     steps: list[Step]
     name: str = "workflow"
     context: Ctx = field(default_factory=dict)
+    # Seed 003's HumanChannel and Workbench: accepted and kept for the driver program, inert
+    # until the interaction and hook layers exist (they enter no step's input hash).
     channel: Any = None
     workbench: Any = None
     continuous: bool = True
