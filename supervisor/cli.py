@@ -19,6 +19,16 @@ RUN_DIR_HELP = (
 )
 
 
+run_dir_option = click.option(
+    "-r",
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help=RUN_DIR_HELP,
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
     __version__, "--version", prog_name="flower-super", message="%(prog)s %(version)s"
@@ -40,14 +50,7 @@ def main() -> None:
     metavar="FILE.py:ATTR|MODULE:ATTR",
     help="the Workflow to run (default: one working step doing ASK)",
 )
-@click.option(
-    "-r",
-    "--run-dir",
-    type=click.Path(path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-    help=RUN_DIR_HELP,
-)
+@run_dir_option
 @click.option(
     "-w",
     "--workspace",
@@ -82,6 +85,9 @@ def start(
       Ctrl-C once   interrupt the step; type a sentence (or just Enter) and it carries on
       Ctrl-C twice  exit; run the same command again later to continue
       SIGTERM/HUP   the step in flight is recorded as killed-by-signal; a restart resumes
+      failures      an API error or a step child that died is one failed attempt: the same
+                    session is resumed after a backoff, up to 6 attempts in all; a bug or a
+                    bad spec stops the step at once (traceback in runs/logs/<run>/<step>.log)
 
     Exit status: 0 finished, 1 a step failed, 2 a mistake (one line with a hint),
     130 after Ctrl-C twice.
@@ -123,14 +129,7 @@ def _resume_command(flow_ref: str | None, run_dir: Path, workspace: Path | None)
 
 
 @main.command()
-@click.option(
-    "-r",
-    "--run-dir",
-    type=click.Path(path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-    help=RUN_DIR_HELP,
-)
+@run_dir_option
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
 def status(run_dir: Path, as_json: bool) -> None:
     """Every flower that ran in RUN_DIR: live or dead, state, step, session, last rows.

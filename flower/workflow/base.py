@@ -197,18 +197,7 @@ class _Run:
             return True
         resume = self._session_for(step)
         prompt_cur = self._resume_text(step, prompt) if resume else prompt
-        self._emit(
-            Event(
-                "step",
-                step.name,
-                {
-                    "index": index,
-                    "total": len(self.wf.steps),
-                    "resumed": bool(resume),
-                    "woke": ctx["_woke"],
-                },
-            )
-        )
+        self._step_event(index, step, resumed=bool(resume))
         self._prepare(index, StepCall(step.spec, "", step.name, resume, step.fork))
         result, passed = await self._attempts(step, prompt, prompt_cur, resume)
         if passed:
@@ -321,20 +310,8 @@ class _Run:
             self.ctx["_sessions"][step.name] = result.session_id
         self.ctx[step.name] = done.get("value", result.text)
         self._completed(step, digest, result, self.ctx[step.name])
-        self._emit(
-            Event(
-                "step",
-                step.name,
-                {
-                    "index": index,
-                    "total": len(self.wf.steps),
-                    "resumed": False,
-                    "woke": self.ctx["_woke"],
-                    "reused": True,
-                    "run": self.prior.run if self.prior else None,
-                },
-            )
-        )
+        run = self.prior.run if self.prior else None
+        self._step_event(index, step, resumed=False, reused=True, run=run)
         if self.on_step:
             self.on_step(step, result)
         return True
@@ -349,6 +326,11 @@ class _Run:
             "value": jsonable(value),
         }
         self.rt.note()
+
+    def _step_event(self, index: int, step: Step, **more: Any) -> None:
+        """seed 003's ``Event("step")``: index, total, resumed, woke (and what ``more`` adds)."""
+        payload = {"index": index, "total": len(self.wf.steps), "woke": self.ctx["_woke"], **more}
+        self._emit(Event("step", step.name, payload))
 
     def _emit(self, event: Event) -> None:
         if self.on_event:
