@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -48,23 +49,28 @@ flow = Workflow(steps, name="bench", continuous=False)
 """
 
 
-def bare_turn(env: dict[str, str], cwd: Path, i: int) -> float:
+def measured(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Run ``cmd`` to its end: (wall seconds, CPU seconds of it and every process below it)."""
     t0 = time.perf_counter()
-    subprocess.run(
-        [str(claude_path()), "-p", f"[[bench]] bare {i}"],
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=True,
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    return time.perf_counter() - t0
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{cmd[:4]} failed with {proc.returncode}")
+    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
 
 
-def flower_steps(env: dict[str, str], root: Path, n: int, r: int) -> list[float]:
-    """The start-to-start durations of one n-step flow's steps, the first step's first."""
+def bare_turn(env: dict[str, str], cwd: Path, i: int) -> tuple[float, float]:
+    return measured([str(claude_path()), "-p", f"[[bench]] bare {i}"], env, cwd)
+
+
+def flower_steps(env: dict[str, str], root: Path, n: int, r: int) -> tuple[list[float], float]:
+    """The start-to-start durations of one n-step flow's steps (the first step's first), and
+    the CPU seconds the whole flow used."""
     runs = root / f"runs-{r}"
-    subprocess.run(
+    _, cpu = measured(
         [
             sys.executable,
             "-m",
@@ -77,15 +83,12 @@ def flower_steps(env: dict[str, str], root: Path, n: int, r: int) -> list[float]
             "-r",
             str(runs),
         ],
-        env={**env, "BENCH_STEPS": str(n)},
-        cwd=root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=True,
+        {**env, "BENCH_STEPS": str(n)},
+        root,
     )
     rows = json.loads((runs / "manifest.json").read_text())
     starts = [row["started_at"] for row in rows]
-    return [b - a for a, b in itertools.pairwise(starts)]
+    return [b - a for a, b in itertools.pairwise(starts)], cpu
 
 
 def sdk_import() -> float:
@@ -111,15 +114,29 @@ def main() -> None:
             bare_turn(env, root / "ws", -1 - i)
         flower_steps(env, root, 2, -1)
         bare: list[float] = []
+        bare_cpu: list[float] = []
         firsts: list[float] = []
         steps: list[float] = []
+        step_cpu: list[float] = []
         for r in range(args.rounds):
-            bare += [bare_turn(env, root / "ws", r * 100 + i) for i in range(args.steps - 1)]
-            first, *later = flower_steps(env, root, args.steps, r)
+            for i in range(args.steps - 1):
+                wall, cpu = bare_turn(env, root / "ws", r * 100 + i)
+                bare.append(wall)
+                bare_cpu.append(cpu)
+            (first, *later), cpu_n = flower_steps(env, root, args.steps, r)
             firsts.append(first)
             steps += later
+            _, cpu_2 = flower_steps(env, root, 2, 1000 + r)  # the same flow's fixed costs
+            step_cpu.append((cpu_n - cpu_2) / (args.steps - 2))
     imports = [sdk_import() for _ in range(3)]
     report(bare, steps, firsts, imports)
+    cpu_step, cpu_bare = statistics.median(step_cpu), statistics.median(bare_cpu)
+    cores = os.cpu_count() or 1
+    print(
+        f"CPU: one more flower step {cpu_step * 1000:.0f} ms, one bare turn {cpu_bare * 1000:.0f}"
+        f" ms; on {cores} cores a step cannot take less than {cpu_step / cores * 1000:.0f} ms of"
+        f" wall time ({cpu_step / cores / statistics.median(bare):.2f}x the bare turn)"
+    )
 
 
 def report(
