@@ -45,11 +45,13 @@ result must not be spilled or expired before this layer decides what it becomes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .ledger import ToolLedger, fill
 from .trim import (
     EphemeralPolicy,
     TrimmingSessionStore,
@@ -69,6 +71,8 @@ __all__ = [
     "is_interrupted",
     "relink",
 ]
+
+log = logging.getLogger("flower")
 
 INTERRUPTED_TEXT = "[上一轮在此处被中断,该工具结果未产生]"
 _STOPPED_WHILE_RUNNING = "Correction to the text above: this call was stopped while running"
@@ -116,7 +120,8 @@ class PruningSessionStore(TrimmingSessionStore):
 
     ``prune`` defaults to ``PrunePolicy()``. ``last_report`` adds ``api_errors``,
     ``interrupted``, ``denials`` (calls dropped) and ``relinked`` (references moved) to
-    the trimming layer's counts.
+    the trimming layer's counts, and ``ledger`` (results the tool ledger supplied) when any
+    were. ``ledger`` is this store's :class:`~flower.stores.ledger.ToolLedger`.
     """
 
     def __init__(
@@ -129,10 +134,19 @@ class PruningSessionStore(TrimmingSessionStore):
     ) -> None:
         super().__init__(path, workspace, policy, ephemeral)
         self.prune = prune if prune is not None else PrunePolicy()
+        self.ledger = ToolLedger(self)
 
     def reshape(self, entries: list[Entry]) -> list[Entry]:
-        """Pruning first, then the trimming layer's expiry and trimming."""
+        """The tool ledger's results first (:func:`flower.stores.ledger.fill`), then
+        pruning, then the trimming layer's expiry and trimming."""
         report: dict[str, int] = {}
+        entries = list(entries)
+        try:
+            supplied = fill(entries, self.ledger.calls, is_interrupted)
+            if supplied:
+                report["ledger"] = supplied
+        except Exception as exc:  # noqa: BLE001 - the transcript as it is, said once
+            log.warning("the tool ledger could not be read (%s); resuming without it", exc)
         if self.prune.enabled:
             entries = self.prune_entries(entries, report)
         out = super().reshape(entries)

@@ -1,0 +1,297 @@
+"""The tool ledger: rows written by its hooks, results supplied at load (pure and on SQLite).
+
+The end-to-end proof (kill -9 right after a Bash call, through flower-super) is in
+tests/test_e2e_ledger.py; here each rule is checked on transcripts shaped like the CLI's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flower.stores.ledger import (
+    MAX_CONTENT_CHARS,
+    NOT_FINISHED_TEXT,
+    Call,
+    capped,
+    fill,
+    render,
+)
+from flower.stores.prune import PruningSessionStore, is_interrupted
+
+pytestmark = pytest.mark.timeout(30)
+
+SID = "0b9e1c5a-1111-4222-8333-944445555666"
+PK = "-tmp-ws"
+
+
+def prompt(uuid: str) -> dict[str, Any]:
+    return {
+        "type": "user",
+        "uuid": uuid,
+        "parentUuid": None,
+        "sessionId": SID,
+        "message": {"role": "user", "content": "go"},
+    }
+
+
+def use(uuid: str, parent: str, *ids: str, msg_id: str = "msg_1") -> dict[str, Any]:
+    return {
+        "type": "assistant",
+        "uuid": uuid,
+        "parentUuid": parent,
+        "sessionId": SID,
+        "cwd": "/tmp/ws",
+        "version": "2.1.332",
+        "isSidechain": False,
+        "message": {
+            "id": msg_id,
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": i, "name": "Bash", "input": {"command": "ls"}}
+                for i in ids
+            ],
+        },
+    }
+
+
+def result(uuid: str, parent: str, tid: str, text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "user",
+        "uuid": uuid,
+        "parentUuid": parent,
+        "sessionId": SID,
+        "message": {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": tid, "content": text}],
+        },
+        **extra,
+    }
+
+
+def done(tid: str, content: Any = "OUTPUT-42", state: str = "done") -> Call:
+    return Call(tid, SID, "Bash", state, content, False, {"stdout": "OUTPUT-42"}, 1.7e9)
+
+
+def calls_of(*rows: Call):
+    table = {c.tool_use_id: c for c in rows}
+    asked: list[list[str]] = []
+
+    def calls_for(ids):
+        asked.append(sorted(ids))
+        return {i: table[i] for i in ids if i in table}
+
+    calls_for.asked = asked  # type: ignore[attr-defined]
+    return calls_for
+
+
+def chain(entries: list[dict[str, Any]]) -> list[str]:
+    """The uuids from the leaf back to the root, as the CLI walks them."""
+    by = {e["uuid"]: e for e in entries if e.get("uuid")}
+    leaf = [e for e in entries if e.get("uuid")][-1]
+    out, cur = [], leaf
+    while cur is not None:
+        out.append(cur["uuid"])
+        cur = by.get(cur.get("parentUuid"))
+    return out[::-1]
+
+
+def test_a_result_the_transcript_lacks_is_supplied_as_the_entry_the_cli_would_write() -> None:
+    entries = [prompt("p"), use("a", "p", "t1"), {"type": "last-prompt"}]
+    assert fill(entries, calls_of(done("t1")), is_interrupted) == 1
+    made = entries[2]
+    assert made["type"] == "user" and made["parentUuid"] == "a"
+    assert made["sourceToolAssistantUUID"] == "a"
+    assert made["sessionId"] == SID and made["cwd"] == "/tmp/ws" and made["version"] == "2.1.332"
+    block = made["message"]["content"][0]
+    assert block == {
+        "tool_use_id": "t1",
+        "type": "tool_result",
+        "content": "OUTPUT-42",
+        "is_error": False,
+    }
+    assert made["toolUseResult"] == {"stdout": "OUTPUT-42"}
+    assert chain(entries) == ["p", "a", made["uuid"]]
+    again = [prompt("p"), use("a", "p", "t1")]
+    fill(again, calls_of(done("t1")), is_interrupted)
+    assert again[2]["uuid"] == made["uuid"], "the same uuid on every load"
+
+
+def test_a_call_that_started_and_never_finished_is_told_so_neutrally() -> None:
+    entries = [prompt("p"), use("a", "p", "t1")]
+    fill(entries, calls_of(done("t1", content=None, state="started")), is_interrupted)
+    block = entries[2]["message"]["content"][0]
+    assert block["content"] == NOT_FINISHED_TEXT and block["is_error"] is True
+    assert "效果未知" in NOT_FINISHED_TEXT and "检查" in NOT_FINISHED_TEXT
+
+
+def test_the_clis_interrupted_filler_gives_way_to_the_recorded_result() -> None:
+    filler = "[Tool call interrupted: the session ended before this call's result was recorded]"
+    entries = [
+        prompt("p"),
+        use("a", "p", "t1"),
+        result("r", "a", "t1", filler, toolDenialKind="interrupted", toolUseResult=filler),
+    ]
+    assert fill(entries, calls_of(done("t1")), is_interrupted) == 1
+    r = entries[2]
+    assert r["uuid"] == "r" and r["parentUuid"] == "a"
+    assert "toolDenialKind" not in r
+    assert r["message"]["content"][0]["content"] == "OUTPUT-42"
+
+
+def test_without_a_ledger_row_nothing_changes_and_complete_transcripts_are_not_queried() -> None:
+    entries = [prompt("p"), use("a", "p", "t1")]
+    before = json.dumps(entries)
+    assert fill(entries, calls_of(), is_interrupted) == 0
+    assert json.dumps(entries) == before
+    complete = [prompt("p"), use("a", "p", "t1"), result("r", "a", "t1", "x")]
+    calls_for = calls_of(done("t1"))
+    assert fill(complete, calls_for, is_interrupted) == 0
+    assert calls_for.asked == []  # type: ignore[attr-defined]
+
+
+def test_parallel_calls_get_one_result_each_in_one_chain() -> None:
+    # The CLI writes one assistant entry per tool_use block of a response.
+    entries = [
+        prompt("p"),
+        use("a1", "p", "t1"),
+        use("a2", "a1", "t2"),
+        {"type": "attachment", "uuid": "x", "parentUuid": "a2"},
+    ]
+    assert fill(entries, calls_of(done("t1"), done("t2", content="SECOND")), is_interrupted) == 2
+    kinds = [e["type"] for e in entries]
+    assert kinds == ["user", "assistant", "assistant", "user", "user", "attachment"]
+    assert [e["message"]["content"][0]["tool_use_id"] for e in entries[3:5]] == ["t1", "t2"]
+    assert chain(entries) == ["p", "a1", "a2", entries[3]["uuid"], entries[4]["uuid"], "x"]
+
+
+def test_render_shows_a_bash_and_a_read_result_as_the_cli_does() -> None:
+    assert render({"stdout": "out\n", "stderr": "err", "interrupted": False}) == "out\nerr"
+    read = {"type": "text", "file": {"content": "a\nb", "startLine": 3}}
+    assert render(read) == "3\ta\n4\tb"
+    assert render("plain") == "plain"
+    assert json.loads(render({"k": 1})) == {"k": 1}
+
+
+def test_what_is_stored_is_capped_and_says_so() -> None:
+    big = "x" * (MAX_CONTENT_CHARS + 10)
+    cut = capped(big)
+    assert cut.startswith("x" * MAX_CONTENT_CHARS) and "工具账本" in cut
+    blocks = capped([{"type": "text", "text": big}, {"type": "image", "source": {}}])
+    assert "工具账本" in blocks[0]["text"] and blocks[1] == {"type": "image", "source": {}}
+
+
+# -- on a real store ----------------------------------------------------------------------
+
+
+def _store(tmp_path: Path) -> PruningSessionStore:
+    return PruningSessionStore(tmp_path / "sessions.db", workspace=tmp_path / "ws")
+
+
+def _hook_input(event: str, tid: str, **more: Any) -> dict[str, Any]:
+    return {
+        "hook_event_name": event,
+        "session_id": SID,
+        "tool_name": "Bash",
+        "tool_input": {"command": "echo OUTPUT-42"},
+        "tool_use_id": tid,
+        **more,
+    }
+
+
+def test_the_hooks_write_rows_that_a_resumed_load_uses(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    key = {"project_key": PK, "session_id": SID}
+    hooks = store.ledger.hooks()
+    pre, post = hooks["PreToolUse"][0].hooks[0], hooks["PostToolUse"][0].hooks[0]
+
+    async def go() -> None:
+        await store.append(key, [prompt("p"), use("a", "p", "t1")])  # the tool_use is durable
+        assert await pre(_hook_input("PreToolUse", "t1"), "t1", None) == {}
+        response = {"stdout": "OUTPUT-42\n", "stderr": ""}
+        out = await post(_hook_input("PostToolUse", "t1", tool_response=response), "t1", None)
+        assert out == {}
+
+    asyncio.run(go())
+    loaded = asyncio.run(store.load(key))
+    assert loaded is not None and len(loaded) == 3
+    assert loaded[2]["message"]["content"][0]["content"] == "OUTPUT-42"
+    store.ledger.seen("t1", [{"type": "text", "text": "OUTPUT-42 exactly"}], False)
+    loaded = asyncio.run(store.load(key))
+    assert loaded is not None
+    assert loaded[2]["message"]["content"][0]["content"] == [
+        {"type": "text", "text": "OUTPUT-42 exactly"}
+    ]
+    raw = store.load_sync(key)
+    assert raw is not None and len(raw) == 2, "the transcript tables are never written"
+    assert stat.S_IMODE(os.stat(tmp_path / "sessions.db").st_mode) == 0o600
+    store.close()
+
+
+def test_pre_tool_use_waits_for_the_tool_use_entry_to_be_committed(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    key = {"project_key": PK, "session_id": SID}
+    pre = store.ledger.hooks()["PreToolUse"][0].hooks[0]
+
+    async def go() -> list[str]:
+        order: list[str] = []
+
+        async def hook() -> None:
+            await pre(_hook_input("PreToolUse", "t9"), "t9", None)
+            order.append("pre returned")
+
+        task = asyncio.ensure_future(hook())
+        await asyncio.sleep(0.05)
+        order.append("append")
+        await store.append(key, [prompt("p"), use("a", "p", "t9")])
+        await task
+        return order
+
+    assert asyncio.run(go()) == ["append", "pre returned"]
+    rows = store.ledger.calls(["t9"])
+    assert rows["t9"].state == "started"
+    store.close()
+
+
+def test_a_failed_call_is_recorded_as_an_error_and_an_interrupted_one_is_not_used(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    post = store.ledger.hooks()["PostToolUseFailure"][0].hooks[0]
+
+    async def go() -> None:
+        await post(_hook_input("PostToolUseFailure", "f1", error="Exit code 2\nboom"), "f1", None)
+        await post(
+            _hook_input("PostToolUseFailure", "f2", error="stop", is_interrupt=True), "f2", None
+        )
+
+    asyncio.run(go())
+    rows = store.ledger.calls(["f1", "f2"])
+    assert rows["f1"].state == "failed" and rows["f1"].is_error
+    assert rows["f1"].content == "Exit code 2\nboom"
+    entries = [prompt("p"), use("a", "p", "f2")]
+    fill(entries, store.ledger.calls, is_interrupted)
+    assert entries[-1]["message"]["content"][0]["content"] == NOT_FINISHED_TEXT
+    store.close()
+
+
+def test_a_ledger_that_cannot_be_written_warns_once_and_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _store(tmp_path)
+    store.ledger.store = None  # type: ignore[assignment]  # every write now fails
+    post = store.ledger.hooks()["PostToolUse"][0].hooks[0]
+
+    async def go() -> None:
+        for tid in ("a", "b"):
+            assert await post(_hook_input("PostToolUse", tid, tool_response="x"), tid, None) == {}
+
+    with caplog.at_level("WARNING", logger="flower"):
+        asyncio.run(go())
+    assert len([r for r in caplog.records if "ledger" in r.getMessage()]) == 1
