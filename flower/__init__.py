@@ -15,12 +15,35 @@ from typing import Any
 from ._errors import AttemptCrash, ConfigError, FlowerError, RunDirBusy
 from .core.agent import AgentSpec, CompactPolicy, build_options, merge_hooks
 from .core.credentials import CredentialsError
+from .core.guard import (
+    delegate_guard,
+    index_guard,
+    isolate_guard,
+    isolated,
+    spill_guard,
+    wants_isolation,
+    whitelist_guard,
+    workbench_hooks,
+)
 from .core.lineage import Lineage
 from .core.manifest import Manifest, read_manifest
 from .core.resilience import Resilience
 from .core.result import Event, StepResult
+from .core.roles import (
+    CLARIFIER_RULES,
+    COORDINATOR_RULES,
+    JUDGE_RULES,
+    ORACLE_RULES,
+    WORKER_RULES,
+    clarify,
+    coordinator,
+    judge,
+    oracle,
+    worker,
+)
 from .core.runtime import Runtime
 from .core.window import HandoffPolicy, default_window
+from .core.workbench import Workbench
 from .docs.handoff import Handoff
 from .workflow import Step, StepAbort, Workflow
 
@@ -44,6 +67,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CLARIFIER_RULES",
+    "COORDINATOR_RULES",
+    "JUDGE_RULES",
+    "ORACLE_RULES",
+    "WORKER_RULES",
     "AgentSpec",
     "AttemptCrash",
     "CompactPolicy",
@@ -67,10 +95,24 @@ __all__ = [
     "StepResult",
     "TrimPolicy",
     "TrimmingSessionStore",
+    "Workbench",
     "Workflow",
     "build_options",
+    "clarify",
+    "coordinator",
     "default_window",
+    "delegate_guard",
+    "index_guard",
     "is_ephemeral",
+    "isolate_guard",
+    "isolated",
+    "judge",
     "merge_hooks",
+    "oracle",
     "read_manifest",
+    "spill_guard",
+    "wants_isolation",
+    "whitelist_guard",
+    "workbench_hooks",
+    "worker",
 ]

@@ -138,7 +138,8 @@ class Start(Message):
     The fields of one attempt (flower's ``StepCall.wire()``): ``spec`` is the agent spec's
     name (the spec itself crosses by fork), ``resume``/``fork``/``resume_at`` the session the
     CLI continues, ``attempt`` the attempt's number (for the step's log), ``stop_at`` the
-    context size at which the attempt stops itself for a handoff (null: never).
+    context size at which the attempt stops itself for a handoff (null: never), lowered to
+    the real window minus ``headroom`` when that is given (the window was a guess).
     """
 
     TYPE: ClassVar[str] = "start"
@@ -151,6 +152,7 @@ class Start(Message):
     resume_at: str | None = None
     attempt: int = 1
     stop_at: int | None = None
+    headroom: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

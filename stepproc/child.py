@@ -194,13 +194,20 @@ class _Child:
                 return 1
             print(f"--- {start.label}: attempt {start.attempt} (pid {os.getpid()})", flush=True)
             await connecting
-            if prepared and self.attempt.lost():  # started ahead of time, gone meanwhile
-                print("--- the CLI started ahead of time is gone; starting it again", flush=True)
+            if prepared and (self.attempt.lost() or self.attempt.stale()):
+                # started ahead of time: gone meanwhile, or the workbench changed since
+                print(
+                    "--- the CLI started ahead of time is gone or stale; starting it again",
+                    flush=True,
+                )
                 await self.attempt.close()
                 self.attempt = SdkAttempt(self.setup.call, self.setup.seat, self.watch)
                 await self.attempt.connect()
             call = self.setup.call.attempting(
-                prompt=start.prompt, attempt=start.attempt, stop_at=start.stop_at
+                prompt=start.prompt,
+                attempt=start.attempt,
+                stop_at=start.stop_at,
+                headroom=start.headroom,
             )
             result = await self.attempt.run(call)
             self.send(Result(fields=_fields(result.to_dict())))

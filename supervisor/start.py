@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flower import FlowerError, Runtime
+from flower import FlowerError, Runtime, Workbench
 from flower.core.attempt import preload
 from flower.core.proctree import PROCS
 from flower.core.registry import INTERRUPTED, KILLED
@@ -54,7 +54,9 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         workspace=args.workspace,
         run_dir=args.run_dir,
         trim=args.trim,
-        workbench=True,
+        # <workspace>/.flower, where the starter flow keeps its documents too; a flow that
+        # names its own Workflow.workbench runs its steps with that one instead.
+        workbench=Workbench(args.workspace),
         placement=Forked(ask=term.ask),
     )
     if args.new:

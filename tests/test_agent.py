@@ -12,7 +12,7 @@ from claude_agent_sdk import HookMatcher
 from claude_agent_sdk.types import EffortLevel, PermissionMode
 
 from flower import AgentSpec, ConfigError, build_options
-from flower.core.agent import EFFORTS, PERMISSION_MODES, RESERVED
+from flower.core.agent import EFFORTS, PERMISSION_MODES, CompactPolicy
 
 SPEC = AgentSpec(name="a", instructions="do things")
 
@@ -39,11 +39,11 @@ def test_a_spec_the_sdk_cannot_take_is_one_clear_error(changes: dict, says: str)
     assert info.value.hint
 
 
-def test_reserved_fields_stay_out_of_the_fingerprint_until_they_do_something() -> None:
+def test_every_field_that_shapes_behaviour_is_in_the_fingerprint() -> None:
     base = SPEC.fingerprint()
-    for name in RESERVED:
+    for name in ("glance", "workbench", "delegate_only"):  # the hook layer reads them
         flipped = replace(SPEC, **{name: not getattr(SPEC, name)})
-        assert flipped.fingerprint() == base, name
+        assert flipped.fingerprint() != base, name
     assert replace(SPEC, instructions="other").fingerprint() != base
     assert replace(SPEC, allowed_tools=["Bash"]).fingerprint() != base
 
@@ -71,3 +71,28 @@ def test_build_options_passes_what_each_option_names(tmp_path: Path) -> None:
     assert set(opts.hooks) == {"PreToolUse", "PostToolUse"}
     assert opts.setting_sources == [] and opts.cwd == str(tmp_path)
     assert opts.session_store_flush == "eager"
+
+
+@pytest.mark.parametrize(
+    ("mode", "env"),
+    [
+        ("auto", {}),
+        ("no_summary", {"DISABLE_AUTO_COMPACT": "1"}),
+        ("off", {"DISABLE_COMPACT": "1"}),
+    ],
+)
+def test_compact_policy_modes_become_the_clis_switches(mode: str, env: dict) -> None:
+    assert CompactPolicy(mode=mode).env() == env
+    assert CompactPolicy(mode=mode, window=300_000).env() == {
+        **env,
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "300000",
+    }
+
+
+def test_an_unknown_compact_mode_is_refused_when_made_and_when_used() -> None:
+    with pytest.raises(ValueError, match="summary"):
+        CompactPolicy(mode="summary")
+    policy = CompactPolicy()
+    policy.mode = "never"
+    with pytest.raises(ValueError, match="never"):
+        policy.env()

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from flower import Runtime, read_manifest
+from flower import Runtime, Workbench, read_manifest
 from flower.core.resilience import Resilience
 from flower.testing.model_server import ModelServer, RecordedRequest
 
@@ -200,7 +200,14 @@ def in_process(f: Flower, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     for key, value in f.env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(f.root)
-    rt = Runtime(workspace=f.ws, run_dir=f.runs, workbench=True, trim=True, resilience=Resilience())
+    # the same workbench flower-super start gives a flow (<workspace>/.flower)
+    rt = Runtime(
+        workspace=f.ws,
+        run_dir=f.runs,
+        workbench=Workbench(f.ws),
+        trim=True,
+        resilience=Resilience(),
+    )
 
     async def go() -> None:
         loop = asyncio.get_running_loop()

@@ -7,7 +7,10 @@ and a NEW session continues with ``Handoff.prompt_block()`` as its first message
 uses an attempt; ``max_generations`` bounds it.
 
 ``ANTHROPIC_MODEL=claude-haiku-4-5`` makes ``default_window()`` 200K (at = 150K, warn at
-130K); ``DISABLE_AUTO_COMPACT=1`` keeps the CLI's own compaction out of the way.
+130K). Nothing here switches the CLI's own auto-compaction off: ``Runtime(handoff=True)``
+does that itself (``CompactPolicy(mode="no_summary")``), so flower's handoff is the one that
+happens; and for a model whose window ``default_window()`` guesses wrong (Sonnet 4.5: 200K in
+this CLI, 1M guessed), each attempt learns the real window from the CLI.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ pytestmark = pytest.mark.e2e
 FLOWS = "tests.flows.inside"
 WINDOW = 200_000
 BIG = {"input_tokens": 155_000}  # past at = 150K, under the CLI's own limits for 200K
-ENV_200K = {"ANTHROPIC_MODEL": "claude-haiku-4-5", "DISABLE_AUTO_COMPACT": "1"}
+ENV_200K = {"ANTHROPIC_MODEL": "claude-haiku-4-5"}
+# The CLI's own compaction request (its summary prompt's first words).
+CLI_COMPACTION = "CRITICAL: Respond with TEXT ONLY"
 
 HANDOFF_TEXT = """\
 ## 在做什么
@@ -146,6 +151,56 @@ def test_crossing_the_threshold_hands_off_to_a_new_session(model_server, flower_
     assert "正在写交接书" in out, out
     assert f"交接书已写好:{path}" in out, out
     assert_no_rejections(server)
+    assert_no_cli_compaction(server)
+    f.assert_no_survivors()
+
+
+def assert_no_cli_compaction(server: ModelServer) -> None:
+    for req in server.requests:
+        assert not any(t.startswith(CLI_COMPACTION) for t in user_texts(req)), (
+            f"request {req.seq} is the CLI's own compaction"
+        )
+
+
+@pytest.mark.timeout(90)  # one flower run: three CLI turns over two sessions
+def test_a_model_whose_window_is_guessed_wrong_still_hands_off_before_the_cli_compacts(
+    model_server, flower_env
+):
+    """Sonnet 4.5 has a 200K window in this CLI; default_window() guesses 1M for it. The
+    attempt asks the CLI, hands off at 200K - 50K, with the old session's own document."""
+    server = model_server(
+        {
+            "conversations": [
+                conversation(
+                    "full", [bash("echo one >> full.txt", usage=BIG), {"text": HANDOFF_TEXT}]
+                ),
+                conversation(
+                    "successor",
+                    [
+                        bash("printenv DISABLE_AUTO_COMPACT > compact.txt"),
+                        {"text": "successor done."},
+                    ],
+                ),
+            ]
+        }
+    )
+    f: Flower = flower_env(server, extra_env={"ANTHROPIC_MODEL": "claude-sonnet-4-5"})
+    assert "DISABLE_AUTO_COMPACT" not in f.env
+    code, out = f.run(flow=f"{FLOWS}:full", timeout=75)
+    assert code == 0, out
+    assert (f.ws / "compact.txt").read_text().strip() == "1", "auto-compaction was left on"
+    full = asked(server, "full")
+    req, used = handoff_request(full)  # the prompt names the real 200K window
+    assert req.session_id == full[0].session_id and used >= BIG["input_tokens"]
+    saved = Handoff.load(f.ws / ".flower" / "notes" / "交接-full.md")
+    assert saved is not None and not saved.degraded
+    expected = Handoff.parse(HANDOFF_TEXT)
+    expected.step = "full"
+    assert saved == expected
+    (row,) = f.rows("full")
+    assert row["ok"] and row["text"] == "successor done." and len(row["retired"]) == 1, row
+    assert_no_cli_compaction(server)
+    assert_no_rejections(server)
     f.assert_no_survivors()
 
 
@@ -203,9 +258,7 @@ def inprocess(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Point this process's environment (the SDK passes it to the CLI) at a model server."""
 
     def setup(server: ModelServer) -> Path:
-        for key, value in cli_env(
-            tmp_path / "home", server.url, extra={"DISABLE_AUTO_COMPACT": "1"}
-        ).items():
+        for key, value in cli_env(tmp_path / "home", server.url).items():
             monkeypatch.setenv(key, value)
         ws = tmp_path / "ws"
         ws.mkdir()

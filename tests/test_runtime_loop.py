@@ -383,7 +383,8 @@ def test_crossing_the_threshold_hands_off_to_a_fresh_session(make):
     assert (fresh.prompt, fresh.resume, fresh.fork) == (expected.prompt_block(), None, False)
     assert res.ok and res.retired == ["old"] and res.session_id == "new" and res.attempts == 1
     assert res.errors == [] and res.text == "all done"
-    path = rt.workspace / ".flower" / "notes" / "交接-s.md"
+    assert rt.notes_dir == rt.run_dir / "workbench" / "notes"  # Runtime(workbench=True)
+    path = rt.notes_dir / "交接-s.md"
     assert Handoff.load(path) == expected
     handoffs = [e.payload for e in events if e.kind == "handoff"]
     assert [p["phase"] for p in handoffs] == ["near", "writing", "done"]

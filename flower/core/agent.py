@@ -25,27 +25,43 @@ if TYPE_CHECKING:
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk", "auto")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
-# Fields that take effect only once the hook layer exists (the roles and guards of a later
-# issue): until then they must not change a step's input hash, or toggling one would stop
-# finished steps from being reused for nothing.
-RESERVED = ("glance", "workbench", "delegate_only")
+COMPACT_MODES = ("auto", "no_summary", "off")
 
 
 @dataclass
 class CompactPolicy:
     """The switches of the CLI's own auto-compaction, as environment variables.
 
-    The compaction algorithm lives in the CLI binary; all flower can change is whether
-    and when it fires. ``mode``: "auto" (the CLI's default), "off".
+    The compaction algorithm lives in the CLI binary; all flower can change is whether and
+    when it fires. ``mode``: ``"auto"`` sets nothing (the CLI compacts at window − 33K);
+    ``"no_summary"`` turns auto-compaction off (``DISABLE_AUTO_COMPACT=1``); ``"off"`` turns
+    compaction off altogether, ``/compact`` included (``DISABLE_COMPACT=1``). ``window``
+    sets ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` (the CLI clamps it to 100K–1M).
+
+    Another mode is a :class:`~flower.ConfigError` (a ``ValueError``) when the policy is
+    made, not only when it is used: the original raised it only inside ``Runtime.run``.
     """
 
     mode: str = "auto"
     window: int | None = None
 
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        if self.mode not in COMPACT_MODES:
+            raise ConfigError(
+                f"CompactPolicy mode {self.mode!r} is not one of {', '.join(COMPACT_MODES)}",
+                hint="auto: the CLI compacts; no_summary: no auto-compaction; off: none at all",
+            )
+
     def env(self) -> dict[str, str]:
+        self._check()  # a mode changed after construction
         out: dict[str, str] = {}
-        if self.mode == "off":
+        if self.mode == "no_summary":
             out["DISABLE_AUTO_COMPACT"] = "1"
+        elif self.mode == "off":
+            out["DISABLE_COMPACT"] = "1"
         if self.window:
             out["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(self.window)
         return out
@@ -83,12 +99,9 @@ class AgentSpec:
 
         Part of a step's input hash (seed 004): change the instructions, tools or model and a
         completed step is no longer "the same step". Callables (hooks, in-process MCP servers)
-        enter by their qualified names, since their code cannot be hashed meaningfully. The
-        :data:`RESERVED` fields stay out until they have an effect.
+        enter by their qualified names, since their code cannot be hashed meaningfully.
         """
-        data = {
-            f.name: _stable(getattr(self, f.name)) for f in fields(self) if f.name not in RESERVED
-        }
+        data = {f.name: _stable(getattr(self, f.name)) for f in fields(self)}
         raw = json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr)
         return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 

@@ -18,21 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import AttemptCrash, FlowerError
-from .agent import build_options
+from .agent import AgentSpec, CompactPolicy, build_options, merge_hooks
 from .call import StepCall
 from .placement import Seat, Watch
 from .proctree import ATTEMPT_TAG, PROCS, ProcessTree
 from .result import HANDOFF_DUE, Event, StepResult
 
 Closer = Callable[[], Awaitable[None]]
+log = logging.getLogger("flower")
+LEARN_TIMEOUT_S = 20.0
 
 # Exceptions that say the code or its input is wrong: retrying the same call cannot help.
 _CODE_ERRORS: tuple[type[BaseException], ...] = (
@@ -128,38 +131,127 @@ def context_of(usage: dict[str, Any] | None) -> int:
 
 
 def options_for(call: StepCall, seat: Seat) -> Any:
-    """The SDK options one attempt of ``call`` starts its CLI with."""
+    """The SDK options one attempt of ``call`` starts its CLI with: the spec compiled, with
+    the hook layer installed from it (:func:`attempt_hooks`), the workbench's index in the
+    system prompt, and the CLI's auto-compaction off when the Runtime hands off itself."""
+    spec = call.spec
+    if seat.no_auto_compact and spec.compact is None:
+        spec = replace(spec, compact=CompactPolicy(mode="no_summary"))
+    wb = seat.workbench
+    add_dirs = [str(wb.root)] if wb is not None and wb.external else None
     return build_options(
-        call.spec,
+        spec,
         cwd=seat.workspace,
         session_store=seat.store,
         resume=call.resume,
         fork=call.fork,
         resume_at=call.resume_at,
         portable=seat.portable,
+        add_dirs=add_dirs,
+        prelude=prelude_for(spec, seat),
+        hooks=attempt_hooks(spec, seat),
     )
+
+
+def prelude_for(spec: AgentSpec, seat: Seat) -> str:
+    """What goes after the instructions: the workbench's index, for specs that want it."""
+    wb = seat.workbench
+    return str(wb.prompt_block()) if wb is not None and spec.workbench else ""
+
+
+def attempt_hooks(spec: AgentSpec, seat: Seat) -> dict[str, list[Any]]:
+    """The hooks flower installs for one attempt, after ``spec.hooks`` (which
+    :func:`build_options` puts first).
+
+    As seed 003's table says: the workbench's hooks when the Runtime has a workbench
+    (``delegate_guard`` for a ``delegate_only`` spec, ``index_guard``, ``spill_guard`` at
+    ``spill_threshold``, the Agent guard for specs with subagents); ``whitelist_guard`` when
+    the spec is not ``delegate_only``. Unlike the original, a ``delegate_only`` spec keeps its
+    wall and a spec with subagents keeps its Agent guard without a workbench too (the
+    original left a coordinator on ``Runtime(workbench=False)`` with no hook at all). Last,
+    the tool ledger's hooks, for every spec (:mod:`flower.stores.ledger`).
+    """
+    from .guard import delegate_guard, isolate_guard, whitelist_guard, workbench_hooks
+
+    groups: list[dict[str, list[Any]] | None] = []
+    wb = seat.workbench
+    if wb is not None:
+        groups.append(
+            workbench_hooks(
+                wb,
+                delegate_only=spec.delegate_only,
+                spill_threshold=seat.spill_threshold,
+                agents=spec.agents,
+                allow_glance=spec.glance,
+            )
+        )
+    else:
+        pre = [delegate_guard(allow_glance=spec.glance)] if spec.delegate_only else []
+        if spec.agents:
+            pre.append(isolate_guard(spec.agents))
+        groups.append({"PreToolUse": pre})
+    if not spec.delegate_only:
+        wall = whitelist_guard(spec.allowed_tools, role=spec.name)
+        if wall is not None:
+            groups.append({"PreToolUse": [wall]})
+    ledger = getattr(seat.store, "ledger", None)
+    if ledger is not None:
+        groups.append(ledger.hooks())
+    return merge_hooks(*groups)
+
+
+#: The CLI compacts by default at window − 33K; flower's headroom beyond that margin is
+#: kept below an auto-compaction threshold the CLI reports.
+CLI_COMPACT_MARGIN = 33_000
+
+
+def handoff_at(window: int, headroom: int, compact_at: int | None = None) -> int:
+    """Where to hand off in a real ``window``: ``window − headroom`` (at least 10K), and
+    as far below an active auto-compaction threshold ``compact_at`` as the CLI's own
+    margin is below the window."""
+    at = max(10_000, window - headroom)
+    if compact_at:
+        at = min(at, max(10_000, compact_at - max(0, headroom - CLI_COMPACT_MARGIN)))
+    return at
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the CLI says of its context window: its size, the auto-compaction threshold
+    when auto-compaction is on, and how long asking took (ms)."""
+
+    window: int
+    compact_at: int | None
+    ms: float
 
 
 class AttemptState:
     """Folds SDK messages into a StepResult."""
 
-    def __init__(self, call: StepCall, watch: Watch) -> None:
+    def __init__(self, call: StepCall, watch: Watch, *, ledger: Any = None) -> None:
         self.result = StepResult(step=call.label, started_at=time.time(), attempts=call.attempt)
         self.watch = watch
+        self.ledger = ledger
         self.stop_at = call.stop_at
+        self.headroom = call.headroom  # not None: stop_at was guessed and may be lowered
         self.stop_requested = False  # the loop's reader interrupts the CLI when it sees this
         self.stopped_for_handoff = False
         self.last_text = ""
+        self.model: str | None = None
         self.api_error: str | None = None
 
     def see(self, msg: Any) -> None:
-        from claude_agent_sdk import AssistantMessage, ResultMessage
+        from claude_agent_sdk import AssistantMessage, ResultMessage, SystemMessage, UserMessage
 
         self._see_session(getattr(msg, "session_id", None))
         if isinstance(msg, AssistantMessage):
             self._see_assistant(msg)
+        elif isinstance(msg, UserMessage):
+            self._see_results(msg)
         elif isinstance(msg, ResultMessage):
             self._see_result(msg)
+        elif isinstance(msg, SystemMessage) and msg.subtype == "init":
+            self.model = str(msg.data.get("model") or "") or None
 
     def _see_session(self, sid: str | None) -> None:
         if sid and sid != "default" and sid != self.result.session_id:
@@ -184,6 +276,16 @@ class AttemptState:
         if used:
             self.saw_context(used, final=msg.stop_reason == "end_turn")
 
+    def _see_results(self, msg: Any) -> None:
+        """The tool results the model is sent: the ledger keeps their exact content."""
+        from claude_agent_sdk import ToolResultBlock
+
+        if self.ledger is None or not isinstance(msg.content, list):
+            return
+        for block in msg.content:
+            if isinstance(block, ToolResultBlock):
+                self.ledger.seen(block.tool_use_id, block.content, block.is_error)
+
     def saw_context(self, used: int, *, final: bool) -> None:
         """One main-thread turn's context size: report it; past ``stop_at`` stop for a handoff
         (never on a final turn: the step is done anyway)."""
@@ -192,12 +294,39 @@ class AttemptState:
         if self.stop_at is not None and used >= self.stop_at and not final:
             self.stop_requested = self.stopped_for_handoff = True
 
+    def learn(
+        self,
+        window: int,
+        *,
+        compact_at: int | None = None,
+        source: str,
+        cost_ms: float | None = None,
+    ) -> None:
+        """The CLI's real context window (and its auto-compaction threshold when that is
+        on): lower a guessed ``stop_at`` to what they allow, and tell the loop."""
+        if self.headroom is None or self.stop_at is None or window <= 0:
+            return
+        self.stop_at = min(self.stop_at, handoff_at(window, self.headroom, compact_at))
+        self.headroom = None  # learned: nothing more to ask
+        payload: dict[str, Any] = {
+            "window": window,
+            "at": self.stop_at,
+            "compact_at": compact_at,
+            "source": source,
+        }
+        if cost_ms is not None:
+            payload["ms"] = round(cost_ms, 1)
+        self.watch.on_event(Event("window", self.result.step, payload))
+
     def _see_result(self, msg: Any) -> None:
         r = self.result
         r.cost_usd += float(msg.total_cost_usd or 0.0)
         r.num_turns += int(msg.num_turns or 0)
         if msg.session_id:
             self._see_session(msg.session_id)
+        window = _window_of(msg.model_usage, self.model)
+        if window:  # free with every result: later attempts need not ask
+            self.watch.on_event(Event("window", r.step, {"window": window, "source": "result"}))
         if msg.is_error:
             r.ok = False
             r.error = _error_text(msg, self.api_error)
@@ -214,6 +343,20 @@ class AttemptState:
             r.error = self.api_error or "the CLI ended without a result"
         r.ended_at = time.time()
         return r
+
+
+def _window_of(model_usage: Any, model: str | None) -> int:
+    """The main model's context window from a ResultMessage's ``model_usage``."""
+    if not isinstance(model_usage, dict) or not model_usage:
+        return 0
+    usage = model_usage.get(model) if model else None
+    if not isinstance(usage, dict):  # else the model that read the most
+        usages = [u for u in model_usage.values() if isinstance(u, dict)]
+        usage = max(usages, key=lambda u: int(u.get("inputTokens") or 0), default=None)
+    try:
+        return int((usage or {}).get("contextWindow") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _error_text(msg: Any, api_error: str | None) -> str:
@@ -247,12 +390,15 @@ class SdkAttempt:
         self._seat = seat
         self._client: Any = None
         self._failed: BaseException | None = None  # what went wrong while connecting
+        self._prelude = ""  # the workbench index the CLI was started with
+        self._window: Window | None = None  # the CLI's real window, when connect() asked
 
     async def connect(self) -> None:
         """Start the CLI with the call's options (about 0.4 s); never raises but cancellation."""
         from claude_agent_sdk import ClaudeSDKClient
 
         try:
+            self._prelude = prelude_for(self.call.spec, self._seat)
             options = options_for(self.call, self._seat)
             client = ClaudeSDKClient(replace(options, env={**options.env, ATTEMPT_TAG: self.tag}))
             self._client = client
@@ -260,6 +406,8 @@ class SdkAttempt:
         except Exception as exc:  # noqa: BLE001 - reported by run(), sorted by is_crash
             self._failed = exc
             return
+        if self.call.headroom is not None:  # the handoff threshold rests on a guessed window
+            self._window = await self._ask_window()
         self.watch.on_handle(self)
 
     def lost(self) -> bool:
@@ -268,6 +416,11 @@ class SdkAttempt:
         if self._client is None or self._failed is not None:
             return True
         return not self.procs.tagged_below(self.tag)
+
+    def stale(self) -> bool:
+        """Has the workbench's index changed since :meth:`connect` (a CLI started ahead of
+        time would show the next step an index without what the last one wrote)?"""
+        return prelude_for(self.call.spec, self._seat) != self._prelude
 
     async def interrupt(self) -> None:
         if self._client is not None:
@@ -283,7 +436,12 @@ class SdkAttempt:
         """
         call = call or self.call
         assert call.same_session_as(self.call), "run() of a call the CLI was not started for"
-        state = self.state = AttemptState(call, self.watch)
+        state = self.state = AttemptState(
+            call, self.watch, ledger=getattr(self._seat.store, "ledger", None)
+        )
+        if self._window is not None and call.headroom is not None:
+            w = self._window
+            state.learn(w.window, compact_at=w.compact_at, source="cli", cost_ms=w.ms)
         try:
             if self._failed is not None:
                 raise self._failed
@@ -299,6 +457,26 @@ class SdkAttempt:
             state.result.ok = False
             state.result.error = state.result.error or f"{type(exc).__name__}: {exc}"
         return state.finish()
+
+    async def _ask_window(self) -> Window | None:
+        """The CLI's real window, from ``get_context_usage``, asked once the CLI is up and
+        before the prompt is sent, so every turn is judged by it. Measured with CLI 2.1.332
+        (scripts/bench_hooks.py prints it): 1-2 s and some twenty ``count_tokens`` requests;
+        so only when the window is a guess that nothing has corrected yet (the Runtime keeps
+        what its attempts learned, per model), and ahead of time in a prepared step child.
+        None if the CLI cannot say."""
+        started = time.perf_counter()
+        try:
+            usage = await asyncio.wait_for(self._client.get_context_usage(), LEARN_TIMEOUT_S)
+            window = int(usage.get("rawMaxTokens") or usage.get("maxTokens") or 0)
+            on = bool(usage.get("isAutoCompactEnabled"))
+            compact_at = int(usage.get("autoCompactThreshold") or 0) if on else 0
+        except Exception as exc:  # noqa: BLE001 - the guess stays; the step goes on
+            log.info("the CLI did not tell its context window (%s); keeping the guess", exc)
+            return None
+        if window <= 0:
+            return None
+        return Window(window, compact_at or None, (time.perf_counter() - started) * 1000)
 
     async def close(self, *, defer: list[Closer] | None = None) -> None:
         """Shut the CLI down; after a failure also end whatever it left running.

@@ -24,6 +24,9 @@ class StepCall:
     it, at ``resume_at`` if given). ``attempt`` counts failed attempts plus one (interrupts
     and handoffs do not count). ``stop_at``: the context size (tokens) at which the attempt
     stops itself at the next message boundary because a handoff is due; None never stops.
+    ``headroom``: when not None, ``stop_at`` was derived from a *guessed* window, and the
+    attempt lowers it to what the CLI's real window allows (window − headroom; see
+    :meth:`flower.core.attempt.AttemptState.learn`).
     """
 
     spec: AgentSpec
@@ -34,6 +37,7 @@ class StepCall:
     resume_at: str | None = None
     attempt: int = 1
     stop_at: int | None = None
+    headroom: int | None = None
 
     @property
     def step(self) -> str:
@@ -56,6 +60,7 @@ class StepCall:
             "resume_at": self.resume_at,
             "attempt": self.attempt,
             "stop_at": self.stop_at,
+            "headroom": self.headroom,
         }
 
     def same_session_as(self, other: StepCall) -> bool:

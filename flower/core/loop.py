@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,21 +35,46 @@ import tenacity
 
 from .._errors import AttemptCrash
 from ..docs.handoff import HANDOFF_PROMPT, Handoff, degraded
+from ..util.fsutil import inside
 from ..util.overflow import is_overflow
-from .attempt import crash_of
+from .attempt import Window, crash_of, handoff_at
 from .call import StepCall
 from .interrupts import Interrupts
 from .placement import Placement, Seat, Watch, write_crash_log
 from .resilience import Resilience
 from .result import HANDOFF_DUE, INTERRUPTED, Event, StepResult
-from .window import HandoffPolicy
+from .window import HandoffPolicy, is_guess
 
 OnEvent = Callable[[Event], None]
+log = logging.getLogger("flower")
 
 INTERRUPT_NOTE = (
     "(这是人在运行中按 Ctrl-C 打断后说的话。当时在飞的工具调用如果返回 interrupted,"
     "那是打断的正常副作用,不是环境故障,不用排查;按这句话调整,然后接着做。)"
 )
+
+
+def model_key(spec: Any) -> str:
+    """What a learned window is kept under: the spec's model ("" for the CLI's default)."""
+    return str(spec.model or "")
+
+
+def handoff_at_for(window: Window, policy: HandoffPolicy) -> int:
+    return handoff_at(window.window, policy.headroom, window.compact_at)
+
+
+def handoff_fields(spec: Any, policy: HandoffPolicy, windows: dict[str, Window]) -> dict[str, Any]:
+    """``stop_at`` and ``headroom`` for an attempt of ``spec`` (see :class:`StepCall`): the
+    policy's threshold, lowered by a window learned earlier; ``headroom`` only while the
+    window is still a guess (the attempt then asks the CLI)."""
+    if not policy.enabled:
+        return {"stop_at": None, "headroom": None}
+    if not is_guess(policy.window):
+        return {"stop_at": policy.at, "headroom": None}
+    known = windows.get(model_key(spec))
+    if known is None:
+        return {"stop_at": policy.at, "headroom": policy.headroom}
+    return {"stop_at": min(policy.at, handoff_at_for(known, policy)), "headroom": None}
 
 
 class _Offline(Exception):
@@ -78,6 +104,7 @@ class StepLoop:
         notes_dir: Path | None,
         hooks: StepHooks,
         on_event: OnEvent | None,
+        windows: dict[str, Window] | None = None,
     ) -> None:
         self.task = call  # what the step was asked to do (a handoff's successor needs it)
         self.placement, self.seat = placement, seat
@@ -85,7 +112,15 @@ class StepLoop:
         self.interrupts, self.notes_dir, self.hooks = interrupts, notes_dir, hooks
         self.on_event = on_event
         self.result = StepResult(step=call.label, session_id=call.resume, started_at=time.time())
-        self.next = call.attempting(stop_at=self._stop_at())  # the next attempt to make
+        # Where to hand off: the policy's threshold; when its window is a guess, by what the
+        # CLI's real window allows (learned by an attempt: a "window" event, kept per model
+        # in ``windows``, which the Runtime shares between its steps).
+        self.windows = windows if windows is not None else {}
+        self.window, self.at = int(handoff.window), handoff.at
+        known = self.windows.get(model_key(call.spec)) if self._guessed() else None
+        if known is not None:
+            self.window, self.at = known.window, min(self.at, handoff_at_for(known, handoff))
+        self.next = call.attempting(**handoff_fields(call.spec, handoff, self.windows))
         self.seen: str | None = None  # the session this step's attempts have written to
         self.attempt = 0
         self.ctx, self.warned = 0, False
@@ -194,19 +229,37 @@ class StepLoop:
     # -- events from the attempt; the context watermark -----------------------------------
 
     def _on_attempt_event(self, event: Event) -> None:
+        if event.kind == "window":
+            self._learned(event.payload)
         if event.kind != "context":
             if self.on_event:
                 self.on_event(event)
             return
         used = int(event.payload.get("used") or 0)
         self.ctx = used
-        self._emit("context", {"used": used, "window": self.handoff.window})
-        if self.handoff.enabled and used >= self.handoff.warn_at and not self.warned:
+        self._emit("context", {"used": used, "window": self.window})
+        if self.handoff.enabled and used >= max(1_000, self.at - 20_000) and not self.warned:
             self.warned = True
-            self._emit("handoff", {"phase": "near", "used": used, "window": self.handoff.window})
+            self._emit("handoff", {"phase": "near", "used": used, "window": self.window})
 
-    def _stop_at(self) -> int | None:
-        return self.handoff.at if self.handoff.enabled else None
+    def _guessed(self) -> bool:
+        return self.handoff.enabled and is_guess(self.handoff.window)
+
+    def _learned(self, payload: dict[str, Any]) -> None:
+        """An attempt learned the CLI's real window: later attempts (and steps) hand off by
+        it too. What the CLI itself said beats a result's ``contextWindow`` (which does not
+        say whether auto-compaction is on)."""
+        window = int(payload.get("window") or 0)
+        if not self._guessed() or window <= 0:
+            return
+        key = model_key(self.task.spec)
+        if payload.get("source") != "cli" and key in self.windows:
+            return
+        compact_at = payload.get("compact_at")
+        learned = Window(window, int(compact_at) if compact_at else None, 0.0)
+        self.windows[key] = learned
+        self.window, self.at = window, min(self.at, handoff_at_for(learned, self.handoff))
+        self.next = self.next.attempting(stop_at=self.at, headroom=None)
 
     # -- exit 2: a person interrupted -----------------------------------------------------
 
@@ -254,7 +307,7 @@ class StepLoop:
         return True
 
     def _too_many_generations(self, n: int) -> str:
-        where = self.notes_dir / f"交接-{self.task.step}.md" if self.notes_dir else None
+        where = self._note_path()
         last = f"最近一份交接书在 {where}" if where and where.exists() else "交接书没有落盘"
         return (
             f"上下文已换代 {n} 次仍未做完(max_generations={self.handoff.max_generations}),"
@@ -293,11 +346,12 @@ class StepLoop:
 
         call = self.next.attempting(
             spec=replace(self.next.spec, max_budget_usd=None),
-            prompt=HANDOFF_PROMPT.format(used=self.ctx, window=self.handoff.window),
+            prompt=HANDOFF_PROMPT.format(used=self.ctx, window=self.window),
             resume=old,
             fork=False,
             resume_at=None,
             stop_at=None,
+            headroom=None,
         )
         out = await self._attempt(call, self._watch(quiet=True))
         self.result.cost_usd += out.cost_usd
@@ -309,13 +363,22 @@ class StepLoop:
             return None, "交接书缺了必填段:" + "、".join(h.missing())
         return h, ""
 
-    def _save(self, h: Handoff) -> Path | None:
-        """``<notes>/交接-<step>.md`` (the previous one archived); nowhere without a workbench."""
+    def _note_path(self) -> Path | None:
+        """``<notes>/交接-<step>.md``, whatever the step is called (a name with ``/`` or
+        ``..`` in it still names a file in notes/); None without a workbench."""
         if self.notes_dir is None:
             return None
+        return inside(self.notes_dir, f"交接-{self.task.step}.md")
+
+    def _save(self, h: Handoff) -> Path | None:
+        """The handoff at :meth:`_note_path` (the previous one archived)."""
+        path = self._note_path()
+        if path is None:
+            return None
         try:
-            return h.write(self.notes_dir / f"交接-{self.task.step}.md")
-        except OSError:
+            return h.write(path)
+        except OSError as exc:
+            log.warning("could not save the handoff of %s to %s: %s", self.task.step, path, exc)
             return None
 
     # -- exit 4: a retryable failure ------------------------------------------------------

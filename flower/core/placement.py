@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..util.fsutil import open_private, private_dir
+from ..util.fsutil import file_name, open_private, private_dir
 from .call import StepCall
 from .result import Event, StepResult
 
@@ -82,6 +82,13 @@ class Seat:
     # (a forked child) keeps their temporary files here, not in /tmp: the SDK copies a resumed
     # transcript (and the CLI's credentials) into a temporary directory.
     tmp: Path
+    # The hook layer's setup (the same in every placement: options_for builds the hooks
+    # where the attempt runs): the Runtime's workbench or None, spill_guard's threshold, and
+    # whether the CLI's own auto-compaction is switched off for specs that do not set
+    # ``compact`` (Runtime(handoff=True): flower's handoff must be the one that happens).
+    workbench: Any = None
+    spill_threshold: int | None = None
+    no_auto_compact: bool = False
 
     def log_for(self, label: str) -> Path:
         """The step's log file (child stdio, crash tracebacks), its directory created 0700."""
@@ -97,9 +104,8 @@ class Placement(Protocol):
 
 
 def safe_label(label: str) -> str:
-    """A label as one file name: path separators and NUL replaced, never ``.`` or ``..``."""
-    name = "".join("_" if c in "/\\\0" else c for c in label)
-    return name if name.strip(".") else name.replace(".", "_") or "_"
+    """A label as one file name (see :func:`flower.util.fsutil.file_name`)."""
+    return file_name(label)
 
 
 def write_crash_log(path: Path, crash: BaseException) -> Path:

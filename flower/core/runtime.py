@@ -18,13 +18,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from .agent import AgentSpec
+from .attempt import Window
 from .call import StepCall
 from .credentials import check_credentials, load_dotenv
 from .inprocess import InProcess
 from .interrupts import Interrupts
 from .lineage import Lineage
-from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop
+from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop, handoff_fields
 from .manifest import Manifest
 from .placement import Placement, Seat
 from .registry import FlowerRecord, Registry, new_run_id, process_started
@@ -67,8 +69,7 @@ class Runtime:
         self.run_dir = Path(run_dir).expanduser().absolute()
         self.portable = portable
         self.trim, self.ephemeral, self.keep_denials = trim, ephemeral, keep_denials
-        self.workbench = workbench
-        self.spill_threshold = spill_threshold  # takes effect with the workbench's spill guard
+        self.spill_threshold = spill_threshold  # spill_guard's threshold (None/0: no guard)
         self.resilience: Resilience = _policy(resilience, Resilience)
         self.handoff: HandoffPolicy = _policy(handoff, HandoffPolicy)
         self.placement: Placement = placement or InProcess()
@@ -77,10 +78,12 @@ class Runtime:
         self.on_session: Callable[[str], None] | None = None
         self.record: FlowerRecord | None = None
         self.interrupts = Interrupts()
+        self.windows: dict[str, Window] = {}  # the CLI's real windows, learned per model
         self.in_flight: StepLoop | None = None  # the step running now (rescue() writes it)
         # Credentials first: a start refused for want of a key leaves no run_dir behind.
         load_dotenv(self.workspace, Path.cwd())
         check_credentials()
+        self.workbench = _workbench(workbench, self.workspace, self.run_dir)
         self.store = self._make_store()
         self._manifest: Manifest | None = None
 
@@ -100,12 +103,22 @@ class Runtime:
             portable=self.portable,
             logs=self.run_dir / "logs" / self.run_id,
             tmp=self.run_dir / "tmp",
+            workbench=self.workbench,
+            spill_threshold=self.spill_threshold or None,
+            no_auto_compact=self.handoff.enabled,
         )
+
+    def use_workbench(self, workbench: Any) -> Any:
+        """Make ``workbench`` (a Workbench, True or False) this Runtime's; returns the one
+        it had. ``Workflow.run`` uses it for a flow that names its own workbench."""
+        previous = self.workbench
+        self.workbench = _workbench(workbench, self.workspace, self.run_dir)
+        return previous
 
     @property
     def notes_dir(self) -> Path | None:
         """Where handoffs land: the workbench's notes/, or nowhere without a workbench."""
-        return self.workspace / ".flower" / "notes" if self.workbench else None
+        return self.workbench.notes if self.workbench is not None else None
 
     def has_session(self, session_id: str) -> bool:
         """Is ``session_id`` a transcript of this workspace in sessions.db? Raises what the
@@ -213,6 +226,7 @@ class Runtime:
             notes_dir=self.notes_dir,
             hooks=StepHooks(on_session=self._session_seen, on_attempt=self._attempt_began),
             on_event=on_event,
+            windows=self.windows,
         )
         self.in_flight = loop
         try:
@@ -223,8 +237,10 @@ class Runtime:
 
     def prepare(self, calls: Sequence[StepCall]) -> None:
         """The first attempts of the steps likely to run next: a placement may get them
-        ready ahead of time (see :mod:`.placement`). ``[]`` drops whatever was prepared."""
-        self.placement.prepare(calls, self.seat)
+        ready ahead of time (see :mod:`.placement`). ``[]`` drops whatever was prepared.
+        Each is given the handoff fields its first attempt will have."""
+        ready = [c.attempting(**handoff_fields(c.spec, self.handoff, self.windows)) for c in calls]
+        self.placement.prepare(ready, self.seat)
 
     async def drain(self) -> None:
         """Drop what the placement prepared and wait for what is still exiting."""
@@ -279,6 +295,24 @@ class Runtime:
     def reply(self, text: str | None) -> None:
         """What the person typed after an interrupt (None: nothing, just carry on)."""
         self.interrupts.reply(text)
+
+
+def _workbench(value: Any, workspace: Path, run_dir: Path) -> Any:
+    """``Runtime(workbench=)``: an instance as is, True → ``<run_dir>/workbench`` (outside
+    the workspace), False/None → none. Its index is refreshed at once."""
+    if value is None or value is False:
+        return None
+    from .workbench import Workbench
+
+    wb = Workbench(workspace, home=run_dir / "workbench") if value is True else value
+    if not isinstance(wb, Workbench):
+        raise ConfigError(
+            f"workbench must be True, False or a Workbench, not {type(value).__name__}",
+            hint="Runtime(workbench=True) puts it at <run_dir>/workbench",
+        )
+    wb.ensure()
+    wb.refresh()
+    return wb
 
 
 def _policy(value: Any, cls: type) -> Any:

@@ -39,6 +39,19 @@ def _only_200k(name: str) -> bool:
     return m is not None and (int(m[1]), int(m[2] or 0)) in _OPUS_200K
 
 
+class GuessedWindow(int):
+    """A window that :func:`default_window` guessed (an ``int`` in every other respect).
+
+    A policy whose window is a guess hands off at the lower of its threshold and what the
+    CLI's real window allows, which each attempt learns from the CLI; a window a person
+    wrote (``HandoffPolicy(window=200_000)``) is a plain int and always wins.
+    """
+
+
+def is_guess(window: int) -> bool:
+    return isinstance(window, GuessedWindow)
+
+
 def default_window() -> int:
     """Guess the context window in tokens from the model name in the environment.
 
@@ -50,14 +63,16 @@ def default_window() -> int:
       → 1,000,000. Chosen because the seed says to guess aggressively (overflow is caught as
       "prompt is too long" and handed off anyway) and because seed 000's measured long run
       (HT001) ran on a 1M window.
+
+    The value is a :class:`GuessedWindow`: attempts check it against the CLI's real window.
     """
     name = (os.environ.get("ANTHROPIC_MODEL") or "").strip()
     name = name or (os.environ.get("ANTHROPIC_DEFAULT_OPUS_MODEL") or "").strip()
     if _ONE_MILLION.search(name):
-        return ONE_MILLION
+        return GuessedWindow(ONE_MILLION)
     if _only_200k(name):
-        return TWO_HUNDRED_K
-    return ONE_MILLION
+        return GuessedWindow(TWO_HUNDRED_K)
+    return GuessedWindow(ONE_MILLION)
 
 
 @dataclass

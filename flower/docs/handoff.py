@@ -158,6 +158,11 @@ class Handoff:
         filled = [(HEADINGS[n], getattr(self, n).strip()) for n in SECTIONS]
         return "\n\n".join([lead, *(f"## {h}\n{body}" for h, body in filled if body)])
 
+    @property
+    def degraded(self) -> bool:
+        """Was this handoff made mechanically (:func:`degraded`), not by the session?"""
+        return any(DEGRADED_MARK in getattr(self, k) for k in SECTIONS)
+
     def write(self, path: str | Path, *, archive_dir: str | Path | None = None) -> Path:
         """Write the handoff to ``path`` atomically, owner-only (0600 file, 0700 directories).
 
@@ -187,6 +192,10 @@ class Handoff:
         return handoff
 
 
+#: What marks a handoff made by :func:`degraded` (seed 003: ``Handoff.degraded``).
+DEGRADED_MARK = "[降级:交接没写成]"
+
+
 def degraded(step: str, prompt: str, *, why: str = "") -> Handoff:
     """A mechanical handoff for when the session cannot write its own.
 
@@ -199,7 +208,7 @@ def degraded(step: str, prompt: str, *, why: str = "") -> Handoff:
         scene += f"\n\n没有正式交接书的原因:{why}"
     return Handoff(
         doing=(
-            "接着做上一条会话没做完的这一步。它的上下文满了,没能写出交接书,"
+            f"{DEGRADED_MARK} 接着做上一条会话没做完的这一步。它的上下文满了,没能写出交接书,"
             "这是按原始任务机械拼出的降级版本,不知道它做到了哪里。"
         ),
         next=(

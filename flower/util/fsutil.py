@@ -16,6 +16,39 @@ DIR_MODE = 0o700
 FILE_MODE = 0o600
 
 
+MAX_NAME_BYTES = 200  # below the 255 bytes of a file name, leaving room for suffixes
+
+
+def file_name(name: str) -> str:
+    """``name`` (a step name, a label) as one file name that stays in its folder.
+
+    Path separators, NUL and other control characters become ``_``; a name of dots only
+    (``.``, ``..``) becomes underscores; a name longer than :data:`MAX_NAME_BYTES` bytes is
+    cut (on a character boundary) and given a digest of the whole, so two long names that
+    share a beginning stay two files. Never empty.
+    """
+    import hashlib
+
+    out = "".join("_" if c in "/\\" or ord(c) < 32 or ord(c) == 127 else c for c in name)
+    if not out.strip("."):
+        out = out.replace(".", "_") or "_"
+    raw = out.encode("utf-8")
+    if len(raw) > MAX_NAME_BYTES:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        cut = raw[: MAX_NAME_BYTES - 13].decode("utf-8", "ignore")
+        out = f"{cut}~{digest}"
+    return out
+
+
+def inside(folder: str | Path, name: str) -> Path:
+    """``folder / file_name(name)``, checked to be directly inside ``folder``."""
+    base = Path(folder)
+    path = base / file_name(name)
+    if path.parent != base or path.name in ("", ".", ".."):
+        raise ValueError(f"{name!r} does not name a file inside {base}")
+    return path
+
+
 def private_dir(path: str | Path) -> Path:
     """Create ``path`` (and parents) as owner-only directories; return it as a Path.
 

@@ -91,8 +91,8 @@ class Workflow:
     steps: list[Step]
     name: str = "workflow"
     context: Ctx = field(default_factory=dict)
-    # Seed 003's HumanChannel and Workbench: accepted and kept for the driver program, inert
-    # until the interaction and hook layers exist (they enter no step's input hash).
+    # Seed 003's HumanChannel: kept for the driver program, inert until the interaction
+    # layer exists. ``workbench``: the flow's own Workbench; its steps use it (run()).
     channel: Any = None
     workbench: Any = None
     continuous: bool = True
@@ -118,10 +118,17 @@ class Workflow:
         """Run the steps in order and return ctx.
 
         ``command`` (the argv that carries this run on) and ``new`` (``--new``: do not pick up
-        an unfinished earlier run's completed steps) are what the command line adds.
+        an unfinished earlier run's completed steps) are what the command line adds. A flow
+        with its own ``workbench`` runs its steps with it, whatever the Runtime had.
         """
         runner = _Run(self, runtime, on_event, on_step, new)
-        return await runner.run(command)
+        if self.workbench is None:
+            return await runner.run(command)
+        previous = runtime.use_workbench(self.workbench)
+        try:
+            return await runner.run(command)
+        finally:
+            runtime.workbench = previous
 
 
 class _Run:
