@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from flower.stores.ledger import NOT_FINISHED_TEXT
+from flower.testing.rundir import transcript
 
 from .e2e import Flower, kill, wait_until
 
@@ -51,6 +52,22 @@ def finished_at(runs: Path) -> float | None:
     except sqlite3.Error:
         return None
     return float(row[0]) if row else None
+
+
+def written(runs: Path) -> str:
+    """How far the CLI's own transcript got: "nothing", "tool_use" or "tool_result"."""
+    seen = "nothing"
+    with sqlite3.connect(runs / "sessions.db") as conn:
+        sids = [r[0] for r in conn.execute("SELECT DISTINCT session_id FROM tool_calls")]
+    for sid in sids:
+        for entry in transcript(runs, sid):
+            content = (entry.get("message") or {}).get("content")
+            kinds = {b.get("type") for b in content} if isinstance(content, list) else set()
+            if "tool_result" in kinds:
+                return "tool_result"
+            if "tool_use" in kinds:
+                seen = "tool_use"
+    return seen
 
 
 def tool_results(req) -> list[str]:
@@ -90,6 +107,7 @@ def test_kill9_in_the_100ms_after_a_bash_call_finishes_never_repeats_it(model_se
     the step ended; each resumed request carries the call's real output."""
     rng = random.Random(20261201)
     landed, tries = 0, 0
+    stages: dict[str, int] = {}
     while landed < 20:
         tries += 1
         assert tries <= 30, f"only {landed} of {tries - 1} kills landed in the window"
@@ -103,9 +121,14 @@ def test_kill9_in_the_100ms_after_a_bash_call_finishes_never_repeats_it(model_se
             continue  # it ended on its own first: not a kill in the window
         f.assert_no_survivors(within=5.0)
         landed += 1
+        stage = written(f.runs)
+        stages[stage] = stages.get(stage, 0) + 1
         got, value = resume_and_judge(f, killed_at)
-        assert got == f"OUT-{value}", f"kill {landed}: the model got {got!r}"
+        assert got == f"OUT-{value}", f"kill {landed} ({stage} written): the model got {got!r}"
         f.cleanup()
+    print(f"what the CLI had written at the {landed} kills: {stages}")
+    # The window the ledger exists for: the CLI had not written the call's result yet.
+    assert stages.get("nothing", 0) + stages.get("tool_use", 0) >= 5, stages
 
 
 @pytest.mark.timeout(300)  # 6 kill-and-resume rounds

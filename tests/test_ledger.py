@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import stat
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,20 @@ def done(tid: str, content: Any = "OUTPUT-42", state: str = "done") -> Call:
     return Call(tid, SID, "Bash", state, content, False, {"stdout": "OUTPUT-42"}, 1.7e9)
 
 
-def calls_of(*rows: Call):
-    table = {c.tool_use_id: c for c in rows}
-    asked: list[list[str]] = []
+class calls_of:
+    """A fake ledger holding ``rows``."""
 
-    def calls_for(ids):
-        asked.append(sorted(ids))
-        return {i: table[i] for i in ids if i in table}
+    def __init__(self, *rows: Call) -> None:
+        self.table = {c.tool_use_id: c for c in rows}
+        self.asked: list[list[str]] = []
 
-    calls_for.asked = asked  # type: ignore[attr-defined]
-    return calls_for
+    def calls(self, ids):
+        self.asked.append(sorted(ids))
+        return {i: self.table[i] for i in ids if i in self.table}
+
+    def in_session(self, session_id, since):
+        rows = [c for c in self.table.values() if c.session_id == session_id]
+        return [c for c in rows if c.started_at >= since and c.agent_id is None]
 
 
 def chain(entries: list[dict[str, Any]]) -> list[str]:
@@ -151,9 +156,9 @@ def test_without_a_ledger_row_nothing_changes_and_complete_transcripts_are_not_q
     assert fill(entries, calls_of(), is_interrupted) == 0
     assert json.dumps(entries) == before
     complete = [prompt("p"), use("a", "p", "t1"), result("r", "a", "t1", "x")]
-    calls_for = calls_of(done("t1"))
-    assert fill(complete, calls_for, is_interrupted) == 0
-    assert calls_for.asked == []  # type: ignore[attr-defined]
+    ledger = calls_of(done("t1"))
+    assert fill(complete, ledger, is_interrupted) == 0
+    assert ledger.asked == []
 
 
 def test_parallel_calls_get_one_result_each_in_one_chain() -> None:
@@ -234,31 +239,6 @@ def test_the_hooks_write_rows_that_a_resumed_load_uses(tmp_path: Path) -> None:
     store.close()
 
 
-def test_pre_tool_use_waits_for_the_tool_use_entry_to_be_committed(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    key = {"project_key": PK, "session_id": SID}
-    pre = store.ledger.hooks()["PreToolUse"][0].hooks[0]
-
-    async def go() -> list[str]:
-        order: list[str] = []
-
-        async def hook() -> None:
-            await pre(_hook_input("PreToolUse", "t9"), "t9", None)
-            order.append("pre returned")
-
-        task = asyncio.ensure_future(hook())
-        await asyncio.sleep(0.05)
-        order.append("append")
-        await store.append(key, [prompt("p"), use("a", "p", "t9")])
-        await task
-        return order
-
-    assert asyncio.run(go()) == ["append", "pre returned"]
-    rows = store.ledger.calls(["t9"])
-    assert rows["t9"].state == "started"
-    store.close()
-
-
 def test_a_failed_call_is_recorded_as_an_error_and_an_interrupted_one_is_not_used(
     tmp_path: Path,
 ) -> None:
@@ -276,7 +256,7 @@ def test_a_failed_call_is_recorded_as_an_error_and_an_interrupted_one_is_not_use
     assert rows["f1"].state == "failed" and rows["f1"].is_error
     assert rows["f1"].content == "Exit code 2\nboom"
     entries = [prompt("p"), use("a", "p", "f2")]
-    fill(entries, store.ledger.calls, is_interrupted)
+    fill(entries, store.ledger, is_interrupted)
     assert entries[-1]["message"]["content"][0]["content"] == NOT_FINISHED_TEXT
     store.close()
 
@@ -295,3 +275,70 @@ def test_a_ledger_that_cannot_be_written_warns_once_and_never_raises(
     with caplog.at_level("WARNING", logger="flower"):
         asyncio.run(go())
     assert len([r for r in caplog.records if "ledger" in r.getMessage()]) == 1
+
+
+def lost_call(tid: str, parts: list[dict[str, Any]], *, started: float) -> Call:
+    return Call(
+        tid,
+        SID,
+        "Bash",
+        "done",
+        "OUTPUT-42",
+        False,
+        {"stdout": "OUTPUT-42"},
+        started,
+        started,
+        None,
+        parts,
+    )
+
+
+def test_a_call_whose_tool_use_never_reached_the_transcript_is_restored_whole() -> None:
+    leaf = {**prompt("p"), "timestamp": "2026-12-01T10:00:00.000Z", "cwd": "/tmp/ws"}
+    when = datetime(2026, 12, 1, 10, 0, 1, tzinfo=UTC).timestamp()
+    parts = [
+        {"uuid": "u-text", "id": "msg_9", "model": "m", "block": {"type": "text", "text": "看看"}},
+        {
+            "uuid": "u-use",
+            "id": "msg_9",
+            "model": "m",
+            "block": {"type": "tool_use", "id": "t7", "name": "Bash", "input": {"command": "ls"}},
+        },
+    ]
+    old = lost_call("t0", parts[:1], started=when - 3600)  # before the leaf: not this turn's
+    entries = [leaf, {"type": "last-prompt"}]
+    assert fill(entries, calls_of(lost_call("t7", parts, started=when), old), is_interrupted) == 1
+    made = [e for e in entries if e.get("uuid")][1:]
+    assert [e["type"] for e in made] == ["assistant", "assistant", "user"]
+    assert [e["uuid"] for e in made[:2]] == ["u-text", "u-use"], "the CLI's own uuids"
+    assert made[1]["message"]["content"][0]["id"] == "t7"
+    result = made[2]["message"]["content"][0]
+    assert result["tool_use_id"] == "t7" and result["content"] == "OUTPUT-42"
+    assert made[2]["sourceToolAssistantUUID"] == "u-use"
+    assert chain(entries) == ["p", "u-text", "u-use", made[2]["uuid"]]
+    present = [prompt("p"), use("a", "p", "t7")]  # the CLI did write it: nothing restored
+    fill(present, calls_of(lost_call("t7", parts, started=when)), is_interrupted)
+    assert [e["type"] for e in present] == ["user", "assistant", "user"]
+
+
+def test_the_ledger_keeps_the_message_that_asked_for_a_call(tmp_path: Path) -> None:
+    from claude_agent_sdk import AssistantMessage, TextBlock, ToolUseBlock
+
+    store = _store(tmp_path)
+    text = AssistantMessage([TextBlock("先看")], "m", message_id="msg_1", uuid="u1")
+    call = AssistantMessage(
+        [ToolUseBlock("t5", "Bash", {"command": "ls"})], "m", message_id="msg_1", uuid="u2"
+    )
+    store.ledger.saw(text)
+    store.ledger.saw(call)
+    pre = store.ledger.hooks()["PreToolUse"][0].hooks[0]
+    asyncio.run(pre(_hook_input("PreToolUse", "t5"), "t5", None))
+    (row,) = store.ledger.in_session(SID, 0)
+    assert [p["uuid"] for p in row.message] == ["u1", "u2"]
+    assert row.message[1]["block"] == {
+        "type": "tool_use",
+        "id": "t5",
+        "name": "Bash",
+        "input": {"command": "ls"},
+    }
+    store.close()

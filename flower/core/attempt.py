@@ -269,6 +269,8 @@ class AttemptState:
             # never show it as the model's answer.
             self.api_error = "\n".join(texts) or str(msg.error)
             return
+        if self.ledger is not None:  # before its PreToolUse: the call's message is kept
+            self.ledger.saw(msg)
         if texts:
             self.last_text = "\n".join(texts)
             self.watch.on_event(Event("text", self.result.step, {"text": self.last_text}))

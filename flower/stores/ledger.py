@@ -10,8 +10,11 @@ What: one row per tool call in the ``tool_calls`` table of sessions.db (the tran
 tables keep every original byte). Three hooks, installed for every attempt of every Runtime
 in every placement (they run where the attempt runs, synchronously for the CLI):
 
-- ``PreToolUse`` waits until the entry holding the ``tool_use`` is committed (so the call
-  is in the transcript before it can have any effect), then records that the call started.
+- ``PreToolUse`` records that the call started (a new session's first call first waits
+  until the session is in the store at all), with the model's message that asked for it
+  (as the attempt saw it on the SDK's stream, :meth:`ToolLedger.saw`): the CLI commits that
+  message's entry only some 85 ms later, so a kill in between would otherwise lose the call
+  altogether (on resume the model asked for it again, and it ran twice).
 - ``PostToolUse`` records the result and returns only after the row is committed. The
   text is rendered from the tool's structured response the way the CLI shows it;
   ``PostToolUseFailure`` records the error.
@@ -21,8 +24,10 @@ in every placement (they run where the attempt runs, synchronously for the CLI):
 On resume, :func:`fill` (called by the pruning layer at load) gives every ``tool_use``
 that has no result in the transcript, or only the CLI's "[Tool call interrupted…" filler,
 the result it really had: the entry the CLI would have written, its uuid derived from the
-call's id so the chain stays the same on every load. A call that started and never
-finished is told, neutrally, that its effect is unknown (:data:`NOT_FINISHED_TEXT`).
+call's id so the chain stays the same on every load. A main-thread call whose ``tool_use``
+entry never reached the transcript gets that entry back too (the CLI's own uuid, from the
+stream), after the transcript's last entry. A call that started and never finished is
+told, neutrally, that its effect is unknown (:data:`NOT_FINISHED_TEXT`).
 
 What is stored is capped at :data:`MAX_CONTENT_CHARS` characters per call (the CLI itself
 cuts a Bash result at 30,000 unless ``BASH_MAX_OUTPUT_LENGTH`` is raised); a longer result
@@ -32,6 +37,7 @@ warning, and the call goes on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -39,7 +45,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .trim import tool_results, tool_uses
 
@@ -57,8 +63,10 @@ __all__ = [
 ]
 
 MAX_CONTENT_CHARS = 200_000
-#: How long ``PreToolUse`` waits for the ``tool_use`` entry to be committed.
-ENTRY_WAIT_S = 2.0
+#: Main-thread messages kept in memory for ``PreToolUse`` (one per content block).
+KEEP_MESSAGES = 256
+#: How long a new session's first tool call waits for the session to be in the store.
+SESSION_WAIT_S = 2.0
 
 NOT_FINISHED_TEXT = (
     "[这次工具调用已经开始执行,但会话在它结束之前中断了,结果没有记录下来,"
@@ -84,6 +92,9 @@ class Call:
     is_error: bool
     response: Any  # the tool's structured response, as the hook saw it
     ended_at: float | None
+    started_at: float = 0.0
+    agent_id: str | None = None
+    message: Any = None  # the model's message entries up to this tool_use (see ToolLedger.saw)
 
     @property
     def finished(self) -> bool:
@@ -141,29 +152,84 @@ class ToolLedger:
     def __init__(self, store: SqliteSessionStore) -> None:
         self.store = store
         self._warned = False
+        self._turn: tuple[str | None, list[dict[str, Any]]] = (None, [])  # message id, parts
+        self._asked: dict[str, list[dict[str, Any]]] = {}  # tool_use id -> its message
+        self._kept: set[str] = set()  # sessions known to be in the store
 
     # -- writing ------------------------------------------------------------------------
+
+    def saw(self, msg: Any) -> None:
+        """A main-thread assistant message on the SDK's stream (the CLI streams one per
+        content block, each with the uuid of its transcript entry): kept for the
+        ``PreToolUse`` of every ``tool_use`` in it, with the blocks before it."""
+        from claude_agent_sdk import TextBlock, ThinkingBlock, ToolUseBlock
+
+        msg_id, parts = self._turn
+        if msg.message_id != msg_id or msg_id is None:
+            parts = []
+            self._turn = (msg.message_id, parts)
+        for block in msg.content:
+            if isinstance(block, TextBlock):
+                raw: dict[str, Any] = {"type": "text", "text": block.text}
+            elif isinstance(block, ThinkingBlock):
+                raw = {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+            elif isinstance(block, ToolUseBlock):
+                raw = {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+            else:
+                continue
+            parts.append({"uuid": msg.uuid, "id": msg.message_id, "model": msg.model, "block": raw})
+            if raw["type"] == "tool_use":
+                self._asked[block.id] = list(parts)
+        while len(self._asked) > KEEP_MESSAGES:
+            del self._asked[next(iter(self._asked))]
 
     async def started(self, data: dict[str, Any], tool_use_id: str | None) -> None:
         tid = str(data.get("tool_use_id") or tool_use_id or "")
         if not tid:
             return
-        if not await self.store.durable.wait(tid, within=ENTRY_WAIT_S):
-            self._warn(f"the transcript entry of tool call {tid} was not written in time")
+        main = not data.get("agent_id")
+        for _ in range(5):  # the stream's reader may not have handed us the message yet
+            if not main or tid in self._asked:
+                break
+            await asyncio.sleep(0)
+        asked = self._asked.pop(tid, None) if main else None
+        sid = str(data.get("session_id") or "")
+        if sid and sid not in self._kept:
+            await self._wait_for(sid)
         row = (
             tid,
             str(data.get("session_id") or ""),
             data.get("agent_id"),
             str(data.get("tool_name") or ""),
             _dumps(data.get("tool_input")),
+            _dumps(asked) if asked else None,
             STARTED,
             time.time(),
         )
         sql = (
-            "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, state,"
-            " started_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(tool_use_id) DO NOTHING"
+            "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, message,"
+            " state, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(tool_use_id) DO NOTHING"
         )
         await self._write(lambda conn: conn.execute(sql, row))
+
+    async def _wait_for(self, session_id: str) -> None:
+        """Until the session is in the store at all. A kill before the CLI's first entries
+        land (they trail by ~100 ms) leaves nothing to resume and nothing to restore a call
+        into, so a new session's first call waits for them; every later call is free."""
+        deadline = time.monotonic() + SESSION_WAIT_S
+        while True:
+            try:
+                if self.store.has_session(session_id):
+                    self._kept.add(session_id)
+                    return
+            except Exception as exc:  # noqa: BLE001 - the call goes on; said once
+                self._warn(f"sessions.db could not be read: {exc}")
+                return
+            if time.monotonic() > deadline:
+                self._warn(f"session {session_id} did not reach sessions.db in time")
+                return
+            await asyncio.sleep(0.005)
 
     async def finished(self, data: dict[str, Any], tool_use_id: str | None) -> None:
         tid = str(data.get("tool_use_id") or tool_use_id or "")
@@ -230,14 +296,22 @@ class ToolLedger:
         if not wanted:
             return {}
         marks = ",".join("?" * len(wanted))
+        rows = self._select(f"tool_use_id IN ({marks})", wanted)
+        return {c.tool_use_id: c for c in rows}
+
+    def in_session(self, session_id: str, since: float) -> list[Call]:
+        """The main thread's calls of ``session_id`` that started at ``since`` or later."""
+        where = "session_id = ? AND agent_id IS NULL AND started_at >= ? ORDER BY started_at"
+        return self._select(where, [session_id, since])
+
+    def _select(self, where: str, args: list[Any]) -> list[Call]:
         sql = (
             "SELECT tool_use_id, session_id, name, state, content, is_error, response,"
-            f" ended_at FROM tool_calls WHERE tool_use_id IN ({marks})"
+            f" ended_at, started_at, agent_id, message FROM tool_calls WHERE {where}"
         )
-        rows = self.store._run_sync(lambda conn: conn.execute(sql, wanted).fetchall())
-        out: dict[str, Call] = {}
-        for tid, sid, name, state, content, is_error, response, ended in rows:
-            out[tid] = Call(
+        rows = self.store._run_sync(lambda conn: conn.execute(sql, args).fetchall())
+        return [
+            Call(
                 tid,
                 sid,
                 name,
@@ -246,8 +320,24 @@ class ToolLedger:
                 bool(is_error),
                 _loads(response),
                 ended,
+                started,
+                agent,
+                _loads(message),
             )
-        return out
+            for (
+                tid,
+                sid,
+                name,
+                state,
+                content,
+                is_error,
+                response,
+                ended,
+                started,
+                agent,
+                message,
+            ) in rows
+        ]
 
     # -- the hooks ----------------------------------------------------------------------
 
@@ -284,25 +374,33 @@ def _loads(text: str | None) -> Any:
 # ======================================================================================
 
 
+class Calls(Protocol):
+    """What :func:`fill` asks the ledger (a :class:`ToolLedger`, or a fake in tests)."""
+
+    def calls(self, ids: Iterable[str]) -> dict[str, Call]: ...
+
+    def in_session(self, session_id: str, since: float) -> list[Call]: ...
+
+
 def fill(
     entries: list[Entry],
-    calls_for: Callable[[Iterable[str]], dict[str, Call]],
+    ledger: Calls,
     is_interrupted: Callable[[Entry, dict[str, Any]], bool],
 ) -> int:
     """Give ``tool_use``\\ s without a real result the one the ledger recorded, in place.
 
     ``entries`` is modified (a list of new or shared dicts; no dict is mutated); a result
     for which ``is_interrupted`` holds (the pruning layer's test) counts as none. Returns
-    how many results were supplied or replaced.
+    how many results were supplied or replaced (entries restored for lost calls included).
     """
-
     uses: dict[str, int] = {}  # tool_use id -> index of its entry
     for n, entry in enumerate(entries):
         for _, block in tool_uses(entry):
             if isinstance(block.get("id"), str):
                 uses[block["id"]] = n
+    count = _restore_lost(entries, ledger, set(uses))
     if not uses:
-        return 0
+        return count
     answered: dict[str, tuple[int, int, bool]] = {}  # id -> (entry, block, interrupted)
     for n, entry in enumerate(entries):
         for i, block in tool_results(entry):
@@ -311,9 +409,8 @@ def fill(
                 answered[tid] = (n, i, is_interrupted(entry, block))
     open_ids = [t for t in uses if t not in answered or answered[t][2]]
     if not open_ids:
-        return 0
-    calls = calls_for(open_ids)
-    count = 0
+        return count
+    calls = ledger.calls(open_ids)
     for tid in open_ids:  # results the CLI filled in as "interrupted"
         call = calls.get(tid)
         if call is None or tid not in answered or call.state == INTERRUPTED:
@@ -326,6 +423,89 @@ def fill(
         group = [t for t in missing if uses[t] == n]
         count += _insert_after_response(entries, n, [(t, calls[t]) for t in group])
     return count
+
+
+def _restore_lost(entries: list[Entry], ledger: Calls, present: set[str]) -> int:
+    """Main-thread calls that started after the transcript's last entry and whose
+    ``tool_use`` never reached it: their message's entries and their results, appended."""
+    chain = [e for e in entries if e.get("uuid") and e.get("type") in _CHAIN_TYPES]
+    if not chain or chain[-1].get("isSidechain"):
+        return 0
+    leaf = chain[-1]
+    sid, when = leaf.get("sessionId"), _epoch(leaf.get("timestamp"))
+    if not isinstance(sid, str) or when is None:
+        return 0
+    lost = [
+        c
+        for c in ledger.in_session(sid, when - _CLOCK_SLACK_S)
+        if c.tool_use_id not in present and isinstance(c.message, list) and c.message
+    ]
+    if not lost:
+        return 0
+    made: list[Entry] = []
+    asking: dict[str, Entry] = {}  # tool_use id -> the entry that holds it
+    parent = leaf.get("uuid")
+    for call in lost:
+        for part in call.message:
+            uuid_ = part.get("uuid") if isinstance(part, dict) else None
+            block = part.get("block") if isinstance(part, dict) else None
+            if not isinstance(uuid_, str) or not isinstance(block, dict):
+                continue
+            if uuid_ not in {e["uuid"] for e in made}:
+                made.append(_assistant_entry(leaf, part, parent, call.started_at))
+                parent = uuid_
+            if block.get("type") == "tool_use":
+                asking[str(block.get("id"))] = next(e for e in made if e["uuid"] == uuid_)
+    for call in lost:
+        use_entry = asking.get(call.tool_use_id)
+        if use_entry is None:  # its message did not hold it: nothing to answer
+            continue
+        made.append(_result_entry(use_entry, call.tool_use_id, call, parent))
+        parent = made[-1]["uuid"]
+    entries.extend(made)
+    return len(asking)
+
+
+_CHAIN_TYPES = ("user", "assistant", "attachment", "system")
+_CLOCK_SLACK_S = 1.0
+
+
+def _epoch(stamp: Any) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _assistant_entry(leaf: Entry, part: dict[str, Any], parent: Any, when: float) -> Entry:
+    entry: Entry = {"parentUuid": parent, "isSidechain": False}
+    entry.update({k: leaf[k] for k in ("userType", "entrypoint", "cwd", "sessionId") if k in leaf})
+    entry.update(
+        {
+            "type": "assistant",
+            "message": {
+                "id": part.get("id"),
+                "type": "message",
+                "role": "assistant",
+                "model": part.get("model"),
+                "content": [part.get("block")],
+                "stop_reason": "tool_use",
+                "stop_sequence": None,
+            },
+            "uuid": part["uuid"],
+            "timestamp": _iso(when),
+        }
+    )
+    entry.update({k: leaf[k] for k in _COPIED_TAIL if k in leaf})
+    return entry
+
+
+def _iso(when: float) -> str:
+    return (
+        datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
 
 
 def _replaced(entry: Entry, index: int, call: Call) -> Entry:

@@ -142,7 +142,7 @@ class PruningSessionStore(TrimmingSessionStore):
         report: dict[str, int] = {}
         entries = list(entries)
         try:
-            supplied = fill(entries, self.ledger.calls, is_interrupted)
+            supplied = fill(entries, self.ledger, is_interrupted)
             if supplied:
                 report["ledger"] = supplied
         except Exception as exc:  # noqa: BLE001 - the transcript as it is, said once

@@ -129,6 +129,7 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     agent_id    TEXT,
     name        TEXT NOT NULL,
     input       TEXT NOT NULL,
+    message     TEXT,
     state       TEXT NOT NULL,
     response    TEXT,
     content     TEXT,
@@ -145,67 +146,6 @@ CREATE TABLE IF NOT EXISTS summaries (
     PRIMARY KEY (project_key, session_id)
 );
 """
-
-
-class DurableCalls:
-    """The ``tool_use`` ids whose transcript entry this process has committed.
-
-    The tool ledger's ``PreToolUse`` hook waits here, so a tool never runs before the
-    entry that asks for it is in sessions.db (measured with CLI 2.1.332: the SDK's flush of
-    that entry can land 50 ms after the hook is called, on a session's first call). Only the
-    last :data:`KEEP` ids are remembered; waiters are woken from the loop that appended.
-    """
-
-    KEEP = 4096
-
-    def __init__(self) -> None:
-        self._ids: dict[str, None] = {}  # insertion-ordered: the oldest are dropped first
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-
-    def committed(self, entries: list[SessionStoreEntry]) -> None:
-        for entry in entries:
-            for tool_use_id in _tool_use_ids(entry):
-                self._ids[tool_use_id] = None
-                for waiter in self._waiters.pop(tool_use_id, ()):
-                    if not waiter.done():
-                        waiter.set_result(None)
-        while len(self._ids) > self.KEEP:
-            del self._ids[next(iter(self._ids))]
-
-    def __contains__(self, tool_use_id: object) -> bool:
-        return tool_use_id in self._ids
-
-    async def wait(self, tool_use_id: str, *, within: float) -> bool:
-        """Until the entry holding ``tool_use_id`` is committed here; False on timeout."""
-        if tool_use_id in self._ids:
-            return True
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(tool_use_id, []).append(waiter)
-        try:
-            await asyncio.wait_for(waiter, within)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            waiting = self._waiters.get(tool_use_id)
-            if waiting and waiter in waiting:
-                waiting.remove(waiter)
-                if not waiting:
-                    del self._waiters[tool_use_id]
-
-
-def _tool_use_ids(entry: Any) -> list[str]:
-    if not isinstance(entry, dict) or entry.get("type") != "assistant":
-        return []
-    msg = entry.get("message")
-    content = msg.get("content") if isinstance(msg, dict) else None
-    if not isinstance(content, list):
-        return []
-    return [
-        b["id"]
-        for b in content
-        if isinstance(b, dict) and b.get("type") == "tool_use" and isinstance(b.get("id"), str)
-    ]
 
 
 class SessionStoreError(FlowerError):
@@ -425,7 +365,6 @@ class SqliteSessionStore(SessionStore):
         self._checkpointing: asyncio.Future[None] | None = None
         self._appends = 0
         self._last_mtime = 0
-        self.durable = DurableCalls()  # tool_use ids whose entry this process committed
         self._run_sync(lambda conn: None)  # open now: a bad file fails here, not mid-step
 
     # ---- SessionStore protocol ------------------------------------------------------
@@ -439,7 +378,6 @@ class SqliteSessionStore(SessionStore):
         # serialise before the transaction: the write lock is held only for SQL and fsync
         rows = [(parts[0], _entry_uuid(entry), _to_json(entry)) for entry in entries]
         await self._run(lambda conn: self._append_tx(conn, parts, rows, entries), write=True)
-        self.durable.committed(entries)
         self._appends += 1
         if self._appends % CHECKPOINT_EVERY == 1:  # the first too: step children live short
             self._checkpoint_in_background()
