@@ -253,3 +253,38 @@ def test_an_isolated_worker_works_in_its_own_git_worktree(model_server, flower_e
     top = text_of(where).strip()
     assert top != str(f.ws) and "/.claude/worktrees/agent-" in top, top
     no_rejections(server)
+
+
+def test_the_same_walls_hold_in_process(model_server, tmp_path, monkeypatch):
+    """The hooks are built where the attempt runs: a Runtime in this process gets them too."""
+    import asyncio
+
+    from flower import Runtime, judge
+    from flower.testing.cli_env import cli_env
+
+    server = model_server(
+        {
+            "conversations": [
+                conv(
+                    "judge",
+                    [
+                        tool("Write", file_path="verdict.txt", content="pass"),
+                        {"text": "## 结论\n未达成"},
+                    ],
+                )
+            ]
+        }
+    )
+    for key, value in cli_env(tmp_path / "home", server.url).items():
+        monkeypatch.setenv(key, value)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    rt = Runtime(workspace=ws, run_dir=tmp_path / "runs")
+    try:
+        res = asyncio.run(rt.run(judge("判定者", None), "[[judge]] 判一下"))
+    finally:
+        rt.close()
+    assert res.ok, res
+    (denied,) = results_in(asked(server, "judge")[1])
+    assert denied.get("is_error") and "这是有意的" in text_of(denied), text_of(denied)
+    assert not (ws / "verdict.txt").exists()

@@ -152,6 +152,7 @@ def build_options(
     resume: str | None = None,
     fork: bool = False,
     resume_at: str | None = None,
+    use_plugin: bool = True,
     portable: bool = True,
     add_dirs: list[str] | None = None,
     flush: str = "eager",
@@ -167,9 +168,11 @@ def build_options(
     on every machine. ``hooks`` are extra hook matchers merged after ``spec.hooks``.
     ``add_dirs`` are more directories the CLI may read and write (a workbench that lives
     outside the workspace); ``prelude`` is a block appended after the instructions (the
-    workbench's index). Seed 003's ``use_plugin`` is not here: flower ships no Claude Code
-    plugin for it to load.
+    workbench's index). ``use_plugin`` is seed 003's switch for a Claude Code plugin shipped
+    in the repository's ``plugin/`` folder; flower ships none, so it changes nothing.
+    ``hooks`` (an extension) is how the Runtime adds the hook layer.
     """
+    del use_plugin  # no plugin/ directory ships with flower
     from claude_agent_sdk import ClaudeAgentOptions
 
     append = "\n\n".join(p for p in (spec.instructions, prelude) if p)

@@ -45,3 +45,8 @@ ledger = Workflow([Step("work", hands, "[[ledger]] go")], name="ledger")
 
 # A long step for the handoff drill (no workbench: the handoff still reaches the successor).
 long = Workflow([Step("long", hands, "[[long]] go")], name="long", workbench=True)
+
+# Step names that look like paths (they are keys, never paths).
+odd = Workflow(
+    [Step("../" * 12 + "x", hands, "[[odd]] go"), Step("a/b", hands, "[[oddb]] go")], name="odd"
+)
