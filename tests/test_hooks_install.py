@@ -3,8 +3,10 @@ for every placement because ``options_for`` builds them where the attempt runs."
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,39 +23,82 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture
 def seat(tmp_path: Path):
     store = PruningSessionStore(tmp_path / "runs" / "sessions.db", workspace=tmp_path)
+    first = {"type": "user", "uuid": "u0", "sessionId": "s1", "message": {"content": "go"}}
+    asyncio.run(store.append({"project_key": "p", "session_id": "s1"}, [first]))  # it exists
     made = Seat(tmp_path, store, True, tmp_path / "logs", tmp_path / "tmp")
     yield made
     store.close()
 
 
-def names(hooks: dict, event: str) -> list[str]:
-    return [m.matcher or "*" for m in hooks.get(event, [])]
+def call(hooks: dict, event: str, **data: Any) -> dict:
+    """What the CLI gets back from the one matcher flower installs for ``event``."""
+    (matcher,) = hooks[event]  # folded: one control round trip per tool call and event
+    assert matcher.matcher is None
+    (hook,) = matcher.hooks
+    data.setdefault("session_id", "s1")
+    data.setdefault("tool_use_id", f"t-{data.get('tool_name')}")
+    return asyncio.run(hook({"hook_event_name": event, **data}, data["tool_use_id"], None))
+
+
+def decision(out: dict) -> str | None:
+    return (out.get("hookSpecificOutput") or {}).get("permissionDecision")
 
 
 def test_a_plain_spec_gets_the_whitelist_and_the_ledger(seat: Seat) -> None:
-    spec = AgentSpec("a", "x", allowed_tools=["Read", "Bash"])
-    hooks = attempt_hooks(spec, seat)
-    assert names(hooks, "PreToolUse") == ["Write|Edit|NotebookEdit", "*"]
-    assert names(hooks, "PostToolUse") == ["*"] and names(hooks, "PostToolUseFailure") == ["*"]
+    hooks = attempt_hooks(AgentSpec("a", "x", allowed_tools=["Read", "Bash"]), seat)
+    assert set(hooks) == {"PreToolUse", "PostToolUse", "PostToolUseFailure"}
+    assert decision(call(hooks, "PreToolUse", tool_name="Write", tool_input={})) == "deny"
+    assert call(hooks, "PreToolUse", tool_name="Bash", tool_input={"command": "ls"}) == {}
+    assert seat.store.ledger.calls(["t-Bash"])["t-Bash"].state == "started"
 
 
 def test_a_coordinator_keeps_its_wall_and_foreground_agents_without_a_workbench(seat) -> None:
-    spec = coordinator("c", "", {"w": worker("d", "p")})
-    hooks = attempt_hooks(spec, seat)
-    assert names(hooks, "PreToolUse") == ["Bash|Write|Edit|NotebookEdit", "Agent", "*"]
+    hooks = attempt_hooks(coordinator("c", "", {"w": worker("d", "p")}), seat)
+    bash = {"tool_name": "Bash", "tool_input": {"command": "make"}}
+    assert decision(call(hooks, "PreToolUse", **bash)) == "deny"
+    assert call(hooks, "PreToolUse", agent_id="a1", **bash) == {}, "a worker's Bash is walled"
+    agent = {"subagent_type": "w", "description": "d", "prompt": "p"}
+    out = call(hooks, "PreToolUse", tool_name="Agent", tool_input=agent)
+    assert out["hookSpecificOutput"]["updatedInput"] == {**agent, "run_in_background": False}
+    row = seat.store.ledger.calls(["t-Agent"])["t-Agent"]
+    assert row.state == "started"
 
 
-def test_a_workbench_adds_index_and_spill(seat: Seat, tmp_path: Path) -> None:
+def test_a_workbench_adds_index_and_spill_and_the_ledger_records_what_the_model_gets(
+    seat: Seat, tmp_path: Path
+) -> None:
     wb = Workbench(tmp_path).ensure()
     with_wb = replace(seat, workbench=wb, spill_threshold=4000)
     hooks = attempt_hooks(judge("j", None, can_run=True), with_wb)
-    assert names(hooks, "PreToolUse") == ["Write|Edit|NotebookEdit", "*"]
-    assert names(hooks, "PostToolUse")[:2] == [
-        "Write|Edit",
-        "Bash|Read|Grep|Glob|WebFetch|WebSearch",
-    ]
-    no_spill = replace(with_wb, spill_threshold=None)
-    assert len(attempt_hooks(judge("j", None), no_spill)["PostToolUse"]) == 2  # index + ledger
+    assert decision(call(hooks, "PreToolUse", tool_name="Write", tool_input={})) == "deny"
+    big = {"stdout": "y" * 50_000, "stderr": "", "interrupted": False}
+    out = call(hooks, "PostToolUse", tool_name="Bash", tool_input={}, tool_response=big)
+    shown = out["hookSpecificOutput"]["updatedToolOutput"]["stdout"]
+    assert len(shown) < 1000 and shown.count("y") >= 400
+    (spilled,) = (wb.root / "spill").iterdir()
+    assert spilled.read_text() == "y" * 50_000
+    row = seat.store.ledger.calls(["t-Bash"])["t-Bash"]
+    assert row.content == shown, "the ledger must keep what the model was sent"
+    script = wb.scripts / "a.py"
+    script.write_text("# desc: 试试\n")
+    call(
+        hooks,
+        "PostToolUse",
+        tool_name="Write",
+        tool_input={"file_path": str(script)},
+        tool_response={},
+    )
+    assert "试试" in wb.index_path.read_text()
+    no_spill = attempt_hooks(judge("j", None), replace(with_wb, spill_threshold=None))
+    out = call(
+        no_spill,
+        "PostToolUse",
+        tool_name="Bash",
+        tool_input={},
+        tool_response=big,
+        tool_use_id="t2",
+    )
+    assert out == {}
 
 
 def test_handoff_switches_the_clis_compaction_off_unless_the_spec_chose(seat: Seat) -> None:

@@ -169,9 +169,17 @@ def attempt_hooks(spec: AgentSpec, seat: Seat) -> dict[str, list[Any]]:
     the spec is not ``delegate_only``. Unlike the original, a ``delegate_only`` spec keeps its
     wall and a spec with subagents keeps its Agent guard without a workbench too (the
     original left a coordinator on ``Runtime(workbench=False)`` with no hook at all). Last,
-    the tool ledger's hooks, for every spec (:mod:`flower.stores.ledger`).
+    the tool ledger's hooks, for every spec (:mod:`flower.stores.ledger`). They are folded
+    into one matcher per event (:func:`~flower.core.guard.one_per_event`: one control round
+    trip per tool call and event instead of one per guard).
     """
-    from .guard import delegate_guard, isolate_guard, whitelist_guard, workbench_hooks
+    from .guard import (
+        delegate_guard,
+        isolate_guard,
+        one_per_event,
+        whitelist_guard,
+        workbench_hooks,
+    )
 
     groups: list[dict[str, list[Any]] | None] = []
     wb = seat.workbench
@@ -197,7 +205,7 @@ def attempt_hooks(spec: AgentSpec, seat: Seat) -> dict[str, list[Any]]:
     ledger = getattr(seat.store, "ledger", None)
     if ledger is not None:
         groups.append(ledger.hooks())
-    return merge_hooks(*groups)
+    return one_per_event(merge_hooks(*groups))
 
 
 #: The CLI compacts by default at window − 33K; flower's headroom beyond that margin is

@@ -155,6 +155,7 @@ class ToolLedger:
         self._turn: tuple[str | None, list[dict[str, Any]]] = (None, [])  # message id, parts
         self._asked: dict[str, list[dict[str, Any]]] = {}  # tool_use id -> its message
         self._kept: set[str] = set()  # sessions known to be in the store
+        self._recorded: dict[str, tuple[str, bool]] = {}  # tool_use id -> content written
 
     # -- writing ------------------------------------------------------------------------
 
@@ -213,15 +214,21 @@ class ToolLedger:
         )
         await self._write(lambda conn: conn.execute(sql, row))
 
+    def _remember(self, tid: str, text: str, is_error: bool) -> str:
+        self._recorded[tid] = (text, is_error)
+        while len(self._recorded) > KEEP_MESSAGES:
+            del self._recorded[next(iter(self._recorded))]
+        return text
+
     async def _wait_for(self, session_id: str) -> None:
         """Until the session is in the store at all. A kill before the CLI's first entries
         land (they trail by ~100 ms) leaves nothing to resume and nothing to restore a call
         into, so a new session's first call waits for them; every later call is free."""
         deadline = time.monotonic() + SESSION_WAIT_S
+        self._kept.add(session_id)  # waited for once, whatever comes of it
         while True:
             try:
                 if self.store.has_session(session_id):
-                    self._kept.add(session_id)
                     return
             except Exception as exc:  # noqa: BLE001 - the call goes on; said once
                 self._warn(f"sessions.db could not be read: {exc}")
@@ -251,7 +258,7 @@ class ToolLedger:
             _dumps(data.get("tool_input")),
             state,
             _dumps(response),
-            _dumps(capped(content)),
+            self._remember(tid, _dumps(capped(content)), failed),
             int(failed),
             time.time(),
             time.time(),
@@ -272,7 +279,10 @@ class ToolLedger:
             "UPDATE tool_calls SET content = ?, is_error = ? WHERE tool_use_id = ?"
             " AND state IN ('done', 'failed')"
         )
-        args = (_dumps(capped(content)), int(bool(is_error)), tool_use_id)
+        text = _dumps(capped(content))
+        if self._recorded.pop(tool_use_id, None) == (text, bool(is_error)):
+            return  # what the hook rendered is what the model got: nothing to write
+        args = (text, int(bool(is_error)), tool_use_id)
         try:
             self.store._run_sync(lambda conn: conn.execute(sql, args), write=True)
         except Exception as exc:  # noqa: BLE001 - the rendered result stays; say so once
