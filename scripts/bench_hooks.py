@@ -6,12 +6,14 @@ run where the attempt runs in every placement, so a step child pays the same):
 - bare: an SDK session with no hooks at all (the same session store, flushed eagerly);
 - flower: the options a Runtime's attempt gets (``flower.core.attempt.options_for``): the
   whitelist guard, the workbench's index and spill guards, and the tool ledger (its
-  ``PreToolUse`` waits for the ``tool_use`` entry to be committed, its ``PostToolUse``
-  commits the result).
+  ``PreToolUse`` records the start and the message that asked for the call, its
+  ``PostToolUse`` commits the result), folded into one matcher per event. A coordinator's
+  delegate and Agent guards join the same two callbacks, so they add Python time only.
 
 Each session makes ``--calls`` Bash calls (``true``), each answered at once by the model
 server; a call's cycle is the time between the model server receiving two consecutive
-requests (the CLI running the tool, the hooks, the next request). Sessions of both kinds
+requests (the CLI running the tool, the hooks, the next request; a new session's first
+call, which also waits for the session to reach sessions.db, is left out). Sessions of both kinds
 alternate in ``--rounds`` rounds so machine noise hits both alike; the figures are medians
 over every call of every round. Goal (issue 8): under 5 ms added per call at the median.
 

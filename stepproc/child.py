@@ -194,14 +194,15 @@ class _Child:
                 return 1
             print(f"--- {start.label}: attempt {start.attempt} (pid {os.getpid()})", flush=True)
             await connecting
-            if prepared and (self.attempt.lost() or self.attempt.stale()):
-                # started ahead of time: gone meanwhile, or the workbench changed since
+            # Started ahead of time (or while the start was on its way): the workbench may
+            # have changed since, or the CLI died meanwhile.
+            if self.attempt.stale() or (prepared and self.attempt.lost()):
                 print(
                     "--- the CLI started ahead of time is gone or stale; starting it again",
                     flush=True,
                 )
                 await self.attempt.close()
-                self.attempt = SdkAttempt(self.setup.call, self.setup.seat, self.watch)
+                self.attempt = self.attempt.again()
                 await self.attempt.connect()
             call = self.setup.call.attempting(
                 prompt=start.prompt,

@@ -134,8 +134,8 @@ def test_a_step_name_becomes_one_file_name_inside_its_folder(name: str, tmp_path
     one = file_name(name)
     assert one and "/" not in one and "\\" not in one and "\0" not in one and "\n" not in one
     assert one not in (".", "..") and len(one.encode()) <= 255
-    path = inside(tmp_path, f"交接-{name}.md")
-    assert path.parent == tmp_path
+    path = inside(tmp_path, f"交接-{name}", ".md")
+    assert path.parent == tmp_path and path.name.endswith(".md")
 
 
 def test_two_long_names_that_share_a_beginning_stay_two_files() -> None:

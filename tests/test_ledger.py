@@ -188,8 +188,23 @@ def test_what_is_stored_is_capped_and_says_so() -> None:
     big = "x" * (MAX_CONTENT_CHARS + 10)
     cut = capped(big)
     assert cut.startswith("x" * MAX_CONTENT_CHARS) and "工具账本" in cut
-    blocks = capped([{"type": "text", "text": big}, {"type": "image", "source": {}}])
-    assert "工具账本" in blocks[0]["text"] and blocks[1] == {"type": "image", "source": {}}
+    small = {"type": "image", "source": {"data": "AAAA"}}
+    assert capped([{"type": "text", "text": "x"}, small]) == [{"type": "text", "text": "x"}, small]
+    blocks = capped([{"type": "text", "text": big}, small])
+    assert "工具账本" in blocks[0]["text"] and blocks[1]["type"] == "text", "past the cap"
+    huge = {"type": "image", "source": {"data": "A" * (MAX_CONTENT_CHARS + 1)}}
+    (note,) = capped([huge])
+    assert note["type"] == "text" and "image" in note["text"]
+    binary = "\x01" * (MAX_CONTENT_CHARS // 2)  # 6 characters each in JSON
+    assert capped(binary) == binary
+    assert capped(None) == "" and isinstance(capped({"a": 1}), str)
+
+
+def test_a_recorded_result_is_always_something_a_tool_result_can_hold() -> None:
+    odd = Call("t1", SID, "Bash", "done", {"cut": "x"}, False, None, 1.0)
+    entries = [prompt("p"), use("a", "p", "t1")]
+    fill(entries, calls_of(odd), is_interrupted)
+    assert entries[-1]["message"]["content"][0]["content"] == NOT_FINISHED_TEXT
 
 
 # -- on a real store ----------------------------------------------------------------------
@@ -342,3 +357,74 @@ def test_the_ledger_keeps_the_message_that_asked_for_a_call(tmp_path: Path) -> N
         "input": {"command": "ls"},
     }
     store.close()
+
+
+def part(uuid_: str, msg: str, block: dict[str, Any]) -> dict[str, Any]:
+    return {"uuid": uuid_, "id": msg, "model": "m", "block": block}
+
+
+def bash_use(tid: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tid, "name": "Bash", "input": {"command": "ls"}}
+
+
+LEAF_AT = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC).timestamp()
+
+
+def leaf_entry() -> dict[str, Any]:
+    return {**prompt("p"), "timestamp": "2026-12-01T10:00:00.000Z"}
+
+
+def test_a_restored_call_is_restored_again_where_the_cli_went_on_from_it() -> None:
+    lost = lost_call("t7", [part("u-use", "m1", bash_use("t7"))], started=LEAF_AT + 1)
+    first = [leaf_entry()]
+    fill(first, calls_of(lost), is_interrupted)
+    tail = first[-1]["uuid"]
+    # The CLI resumed on top of the restored entries (which it never writes back) and went
+    # on: its next entries hang off the restored result.
+    later = [
+        leaf_entry(),
+        {
+            "type": "assistant",
+            "uuid": "n1",
+            "parentUuid": tail,
+            "sessionId": SID,
+            "timestamp": "2026-12-01T10:05:00.000Z",
+            "message": {
+                "id": "m2",
+                "role": "assistant",
+                "content": [{"type": "text", "text": "ok"}],
+            },
+        },
+    ]
+    fill(later, calls_of(lost), is_interrupted)
+    assert chain(later) == ["p", "u-use", tail, "n1"], "the history before n1 was cut off"
+
+
+def test_lost_calls_of_two_responses_come_back_each_with_its_result_first() -> None:
+    c1 = lost_call("t1", [part("a1", "m1", bash_use("t1"))], started=LEAF_AT + 1)
+    c2 = lost_call("t2", [part("a2", "m2", bash_use("t2"))], started=LEAF_AT + 2)
+    entries = [leaf_entry()]
+    assert fill(entries, calls_of(c1, c2), is_interrupted) == 2
+    kinds = [
+        (
+            e["type"],
+            e["message"]["content"][0].get("id") or e["message"]["content"][0].get("tool_use_id"),
+        )
+        for e in entries[1:]
+    ]
+    assert kinds == [("assistant", "t1"), ("user", "t1"), ("assistant", "t2"), ("user", "t2")]
+    assert chain(entries)[1:] == [e["uuid"] for e in entries[1:]]
+
+
+def test_a_sibling_call_in_a_restored_message_gets_its_own_recorded_result() -> None:
+    parts = [part("a1", "m1", bash_use("t1")), part("a2", "m1", bash_use("t2"))]
+    with_msg = lost_call("t2", parts, started=LEAF_AT + 1)
+    no_msg = Call("t1", SID, "Bash", "done", "FIRST", False, None, LEAF_AT + 1, LEAF_AT + 1)
+    entries = [leaf_entry()]
+    assert fill(entries, calls_of(with_msg, no_msg), is_interrupted) == 2
+    results = {
+        e["message"]["content"][0]["tool_use_id"]: e["message"]["content"][0]["content"]
+        for e in entries
+        if e["type"] == "user" and isinstance(e["message"]["content"], list)
+    }
+    assert results == {"t1": "FIRST", "t2": "OUTPUT-42"}

@@ -684,3 +684,71 @@ def test_an_exception_out_of_the_placement_stops_the_step_as_a_crash(make):
     assert str(log) in (res.error or "") and "Traceback" in log.read_text()
     assert net.probes == 0 and net.delays == []
     assert row(rt)["error"] == res.error
+
+
+# --- a guessed window, corrected by what the CLI says --------------------------------------
+
+
+def learning(sid: str, window: int, used: int, seen: list[tuple[Any, Any]]):
+    """An attempt whose CLI says its window is ``window``, then reports ``used`` tokens."""
+
+    async def attempt(rt: Scripted) -> StepResult:
+        call, state = rt.script.call, rt.script.state
+        assert call is not None and state is not None
+        seen.append((call.stop_at, call.headroom))
+        state.learn(window, source="cli")
+        if rt.turn(used):
+            return fail(sid, "stopped")
+        return ok(sid, "finished")
+
+    return attempt
+
+
+def test_a_guessed_window_is_lowered_to_the_clis_and_kept_for_the_next_steps(make, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_MODEL", raising=False)
+    seen: list[tuple[Any, Any]] = []
+    rt = make(
+        [learning("old", 200_000, 155_000, seen), ok("old", HANDOFF_TEXT), ok("new", "done")],
+        handoff=HandoffPolicy(),  # default_window(): a 1M guess
+    )
+    assert rt.handoff.at == 950_000
+    res = run(rt)
+    assert res.ok and res.retired == ["old"], "the CLI's 200K window did not hand off at 150K"
+    assert seen[0] == (950_000, 50_000), "the first attempt did not know it may lower the guess"
+    last = rt.script.call
+    assert last is not None and (last.stop_at, last.headroom) == (150_000, None)
+    assert next(iter(rt.windows.values())).window == 200_000
+    # The next step of the same model starts from what was learned: no question to the CLI.
+    rt.script.outcomes = [learning("s2", 200_000, 10_000, seen)]
+    asyncio.run(rt.run(SPEC, "again", step_name="s2"))
+    assert seen[-1] == (150_000, None)
+    other = AgentSpec(name="o", instructions="x", model="claude-haiku-4-5")
+    rt.script.outcomes = [learning("s3", 200_000, 10_000, seen)]
+    asyncio.run(rt.run(other, "other model", step_name="s3"))
+    assert seen[-1] == (950_000, 50_000), "a window learned for one model was used for another"
+
+
+def test_a_window_a_person_wrote_is_never_lowered_and_never_asked(make):
+    seen: list[tuple[Any, Any]] = []
+    rt = make([learning("s", 200_000, 155_000, seen)], handoff=HandoffPolicy(window=400_000))
+    res = run(rt)
+    assert res.ok and res.retired == [], res
+    assert seen == [(350_000, None)]
+    assert rt.windows == {}
+
+
+def test_without_handoff_nothing_is_asked_or_stopped(make):
+    seen: list[tuple[Any, Any]] = []
+    rt = make([learning("s", 200_000, 900_000, seen)], handoff=False)
+    assert run(rt).ok
+    assert seen == [(None, None)]
+
+
+def test_handoff_stays_clear_of_an_auto_compaction_threshold_the_cli_reports() -> None:
+    from flower.core.attempt import handoff_at
+
+    assert handoff_at(200_000, 50_000) == 150_000
+    assert handoff_at(200_000, 50_000, compact_at=167_000) == 150_000  # 17K below it
+    assert handoff_at(300_000, 50_000, compact_at=200_000) == 183_000
+    assert handoff_at(200_000, 20_000, compact_at=167_000) == 162_000  # never closer than 5K
+    assert handoff_at(30_000, 50_000) == 10_000

@@ -27,6 +27,10 @@ EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 COMPACT_MODES = ("auto", "no_summary", "off")
 
+# Read by the hook layer; in a fingerprint only when not at their defaults, so a step
+# recorded before they existed is still the same step.
+_HOOK_FIELDS = ("glance", "workbench", "delegate_only")
+
 
 @dataclass
 class CompactPolicy:
@@ -101,7 +105,11 @@ class AgentSpec:
         completed step is no longer "the same step". Callables (hooks, in-process MCP servers)
         enter by their qualified names, since their code cannot be hashed meaningfully.
         """
-        data = {f.name: _stable(getattr(self, f.name)) for f in fields(self)}
+        data = {
+            f.name: _stable(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in _HOOK_FIELDS or getattr(self, f.name) != f.default
+        }
         raw = json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr)
         return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 
@@ -179,8 +187,8 @@ def build_options(
     system_prompt: Any = {"type": "preset", "preset": "claude_code"}
     if append:
         system_prompt["append"] = append
-    env = dict(spec.compact.env()) if spec.compact else {}
-    env.update(spec.env)
+    env = dict(spec.env)
+    env.update(spec.compact.env() if spec.compact else {})  # seed 003's order: compact wins
     return ClaudeAgentOptions(
         system_prompt=system_prompt,
         allowed_tools=list(spec.allowed_tools),

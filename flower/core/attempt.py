@@ -209,8 +209,10 @@ def attempt_hooks(spec: AgentSpec, seat: Seat) -> dict[str, list[Any]]:
 
 
 #: The CLI compacts by default at window − 33K; flower's headroom beyond that margin is
-#: kept below an auto-compaction threshold the CLI reports.
+#: kept below an auto-compaction threshold the CLI reports, and never less than
+#: ``MIN_COMPACT_GAP`` (the stop and the CLI's compaction must not race).
 CLI_COMPACT_MARGIN = 33_000
+MIN_COMPACT_GAP = 5_000
 
 
 def handoff_at(window: int, headroom: int, compact_at: int | None = None) -> int:
@@ -219,7 +221,8 @@ def handoff_at(window: int, headroom: int, compact_at: int | None = None) -> int
     margin is below the window."""
     at = max(10_000, window - headroom)
     if compact_at:
-        at = min(at, max(10_000, compact_at - max(0, headroom - CLI_COMPACT_MARGIN)))
+        gap = max(MIN_COMPACT_GAP, headroom - CLI_COMPACT_MARGIN)
+        at = min(at, max(10_000, compact_at - gap))
     return at
 
 
@@ -416,7 +419,7 @@ class SdkAttempt:
         except Exception as exc:  # noqa: BLE001 - reported by run(), sorted by is_crash
             self._failed = exc
             return
-        if self.call.headroom is not None:  # the handoff threshold rests on a guessed window
+        if self.call.headroom is not None and self._window is None:  # a guessed window
             self._window = await self._ask_window()
         self.watch.on_handle(self)
 
@@ -426,6 +429,13 @@ class SdkAttempt:
         if self._client is None or self._failed is not None:
             return True
         return not self.procs.tagged_below(self.tag)
+
+    def again(self) -> SdkAttempt:
+        """A fresh attempt of the same call (its CLI not started), keeping what this one
+        learned of the CLI's window."""
+        fresh = SdkAttempt(self.call, self._seat, self.watch, procs=self.procs)
+        fresh._window = self._window
+        return fresh
 
     def stale(self) -> bool:
         """Has the workbench's index changed since :meth:`connect` (a CLI started ahead of

@@ -55,8 +55,11 @@ INTERRUPT_NOTE = (
 
 
 def model_key(spec: Any) -> str:
-    """What a learned window is kept under: the spec's model ("" for the CLI's default)."""
-    return str(spec.model or "")
+    """What a learned window is kept under: the model the spec's CLI will use (its
+    ``model``, else the model variables of its ``env``; "" for the CLI's default)."""
+    env = spec.env or {}
+    names = (spec.model, env.get("ANTHROPIC_MODEL"), env.get("ANTHROPIC_DEFAULT_OPUS_MODEL"))
+    return "|".join(str(n or "") for n in names)
 
 
 def handoff_at_for(window: Window, policy: HandoffPolicy) -> int:
@@ -368,7 +371,7 @@ class StepLoop:
         ``..`` in it still names a file in notes/); None without a workbench."""
         if self.notes_dir is None:
             return None
-        return inside(self.notes_dir, f"交接-{self.task.step}.md")
+        return inside(self.notes_dir, f"交接-{self.task.step}", ".md")
 
     def _save(self, h: Handoff) -> Path | None:
         """The handoff at :meth:`_note_path` (the previous one archived)."""

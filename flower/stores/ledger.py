@@ -73,6 +73,7 @@ NOT_FINISHED_TEXT = (
     "它的效果未知。重复之前先检查它是否已经生效。]"
 )
 _CUT_NOTE = "\n[…工具账本只保存了前 {n} 个字符]"
+_BLOCK_NOTE = "[这里原有一个 {kind} 块,太大,工具账本没有保存;需要时请重新获取]"
 _NAMESPACE = uuid.UUID("6b4c8f2e-1f0a-4a56-9a5e-6f1d0e2c7a31")
 
 STARTED, DONE, FAILED, INTERRUPTED = "started", "done", "failed", "interrupted"
@@ -120,7 +121,10 @@ def render(response: Any) -> str:
 
 
 def capped(content: Any) -> Any:
-    """``content`` cut to :data:`MAX_CONTENT_CHARS` (text parts only; other blocks kept)."""
+    """``content`` as a tool_result can hold it (a string or a list of blocks), cut to
+    :data:`MAX_CONTENT_CHARS`: text past it cut with a note, a block too big replaced by one."""
+    if content is None:
+        return ""
     if isinstance(content, str):
         if len(content) <= MAX_CONTENT_CHARS:
             return content
@@ -134,20 +138,32 @@ def capped(content: Any) -> Any:
                     text = text[:left] + _CUT_NOTE.format(n=MAX_CONTENT_CHARS)
                 left = max(0, left - len(text))
                 block = {**block, "text": text}
+            elif len(_dumps(block)) > left:  # an image, a document: too big to keep
+                kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+                block = {"type": "text", "text": _BLOCK_NOTE.format(kind=kind)}
+            else:
+                left -= len(_dumps(block))
             out.append(block)
         return out
-    return content
+    return render(content)  # anything else a tool_result cannot hold becomes text
 
 
 def _dumps(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    if len(text) > 4 * MAX_CONTENT_CHARS:  # a huge structured response: keep a cut copy
-        return json.dumps({"cut": text[: 4 * MAX_CONTENT_CHARS]}, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _dumps_response(value: Any) -> str:
+    """A tool's structured response for ``toolUseResult`` (CLI metadata, never sent to the
+    model): past the cap, its JSON text cut, kept as a string."""
+    text = _dumps(value)
+    if len(text) > MAX_CONTENT_CHARS:
+        return _dumps(text[:MAX_CONTENT_CHARS] + _CUT_NOTE.format(n=MAX_CONTENT_CHARS))
     return text
 
 
 class ToolLedger:
-    """The ledger of one session store (one per process: a forked child makes its own)."""
+    """The ledger of one session store. A forked step child inherits its parent's object
+    and uses it with its own connection (the store's); what it keeps in memory is its own."""
 
     def __init__(self, store: SqliteSessionStore) -> None:
         self.store = store
@@ -257,7 +273,7 @@ class ToolLedger:
             str(data.get("tool_name") or ""),
             _dumps(data.get("tool_input")),
             state,
-            _dumps(response),
+            _dumps_response(response),
             self._remember(tid, _dumps(capped(content)), failed),
             int(failed),
             time.time(),
@@ -274,19 +290,23 @@ class ToolLedger:
         await self._write(lambda conn: conn.execute(sql, row))
 
     def seen(self, tool_use_id: str, content: Any, is_error: bool | None) -> None:
-        """The exact ``tool_result`` the model was sent for a finished call."""
+        """The exact ``tool_result`` the model was sent for a finished call.
+
+        Called from the attempt's stream reader, on the loop that also answers the CLI's
+        hooks: one try, never a wait for a busy database (the rendered result, written by
+        ``PostToolUse``, then stays; it differs from the exact one in form at most)."""
+        text = _dumps(capped(content))
+        if self._recorded.pop(tool_use_id, None) == (text, bool(is_error)):
+            return  # what the hook rendered is what the model got: nothing to write
         sql = (
             "UPDATE tool_calls SET content = ?, is_error = ? WHERE tool_use_id = ?"
             " AND state IN ('done', 'failed')"
         )
-        text = _dumps(capped(content))
-        if self._recorded.pop(tool_use_id, None) == (text, bool(is_error)):
-            return  # what the hook rendered is what the model got: nothing to write
         args = (text, int(bool(is_error)), tool_use_id)
         try:
-            self.store._run_sync(lambda conn: conn.execute(sql, args), write=True)
-        except Exception as exc:  # noqa: BLE001 - the rendered result stays; say so once
-            self._warn(f"could not record the result of tool call {tool_use_id}: {exc}")
+            self.store._attempt(lambda conn: conn.execute(sql, args), True)
+        except Exception as exc:  # noqa: BLE001 - busy or failing: the rendered one stays
+            log.debug("exact result of %s not recorded: %s", tool_use_id, exc)
 
     async def _write(self, work: Callable[[Any], Any]) -> None:
         try:
@@ -401,14 +421,14 @@ def fill(
 
     ``entries`` is modified (a list of new or shared dicts; no dict is mutated); a result
     for which ``is_interrupted`` holds (the pruning layer's test) counts as none. Returns
-    how many results were supplied or replaced (entries restored for lost calls included).
+    how many results were supplied or replaced (those of restored calls included).
     """
+    count = _restore_lost(entries, ledger)
     uses: dict[str, int] = {}  # tool_use id -> index of its entry
     for n, entry in enumerate(entries):
         for _, block in tool_uses(entry):
             if isinstance(block.get("id"), str):
                 uses[block["id"]] = n
-    count = _restore_lost(entries, ledger, set(uses))
     if not uses:
         return count
     answered: dict[str, tuple[int, int, bool]] = {}  # id -> (entry, block, interrupted)
@@ -435,45 +455,116 @@ def fill(
     return count
 
 
-def _restore_lost(entries: list[Entry], ledger: Calls, present: set[str]) -> int:
-    """Main-thread calls that started after the transcript's last entry and whose
-    ``tool_use`` never reached it: their message's entries and their results, appended."""
+def _restore_lost(entries: list[Entry], ledger: Calls) -> int:
+    """Main-thread calls whose ``tool_use`` entry never reached the transcript: their
+    message's entries and their results, put back where they belong.
+
+    Where: after the transcript's last entry for calls that started after it (the first
+    resume after the kill); and, on every later load, before the first entry the CLI wrote
+    on top of an earlier restore (its ``parentUuid`` names a restored entry: the uuids are
+    the CLI's own and :func:`result_uuid`, the same on every load), so the chain holds.
+    """
     chain = [e for e in entries if e.get("uuid") and e.get("type") in _CHAIN_TYPES]
     if not chain or chain[-1].get("isSidechain"):
         return 0
-    leaf = chain[-1]
-    sid, when = leaf.get("sessionId"), _epoch(leaf.get("timestamp"))
-    if not isinstance(sid, str) or when is None:
+    sid = chain[-1].get("sessionId")
+    if not isinstance(sid, str):
         return 0
+    present = {b.get("id") for e in entries for _, b in tool_uses(e)}
     lost = [
         c
-        for c in ledger.in_session(sid, when - _CLOCK_SLACK_S)
+        for c in ledger.in_session(sid, 0.0)
         if c.tool_use_id not in present and isinstance(c.message, list) and c.message
     ]
     if not lost:
         return 0
-    made: list[Entry] = []
-    asking: dict[str, Entry] = {}  # tool_use id -> the entry that holds it
-    parent = leaf.get("uuid")
+    uuids = {e.get("uuid") for e in entries if e.get("uuid")}
+    referenced = {e.get("parentUuid") for e in entries} - uuids - {None}
+    # Episodes: runs of lost calls closed by the first entry the CLI hung off one of them.
+    episodes: list[tuple[int, list[Call]]] = []
+    run: list[Call] = []
     for call in lost:
-        for part in call.message:
-            uuid_ = part.get("uuid") if isinstance(part, dict) else None
-            block = part.get("block") if isinstance(part, dict) else None
-            if not isinstance(uuid_, str) or not isinstance(block, dict):
-                continue
-            if uuid_ not in {e["uuid"] for e in made}:
-                made.append(_assistant_entry(leaf, part, parent, call.started_at))
-                parent = uuid_
-            if block.get("type") == "tool_use":
-                asking[str(block.get("id"))] = next(e for e in made if e["uuid"] == uuid_)
-    for call in lost:
-        use_entry = asking.get(call.tool_use_id)
-        if use_entry is None:  # its message did not hold it: nothing to answer
+        run.append(call)
+        mine = _uuids_of(call) & referenced
+        if mine:
+            at = next(n for n, e in enumerate(entries) if e.get("parentUuid") in mine)
+            episodes.append((at, run))
+            run = []
+    leaf_time = _epoch(chain[-1].get("timestamp"))
+    if run and leaf_time is not None:
+        fresh = [c for c in run if c.started_at >= leaf_time - _CLOCK_SLACK_S]
+        if fresh:
+            episodes.append((len(entries), fresh))
+    count = 0
+    for at, calls in sorted(episodes, key=lambda e: e[0], reverse=True):
+        before = [e for e in entries[:at] if e.get("uuid") and e.get("type") in _CHAIN_TYPES]
+        if not before:
             continue
-        made.append(_result_entry(use_entry, call.tool_use_id, call, parent))
-        parent = made[-1]["uuid"]
-    entries.extend(made)
-    return len(asking)
+        made, answered = _restored(calls, before[-1])
+        entries[at:at] = made
+        count += answered
+    return count
+
+
+def result_uuid(tool_use_id: str) -> str:
+    """The uuid of the result entry the ledger supplies for ``tool_use_id``."""
+    return str(uuid.uuid5(_NAMESPACE, tool_use_id))
+
+
+def _uuids_of(call: Call) -> set[str]:
+    parts = call.message if isinstance(call.message, list) else []
+    found = {p["uuid"] for p in parts if isinstance(p, dict) and isinstance(p.get("uuid"), str)}
+    return found | {result_uuid(call.tool_use_id)}
+
+
+def _message_of(call: Call) -> Any:
+    for part in call.message or ():
+        block = part.get("block") if isinstance(part, dict) else None
+        if isinstance(block, dict) and block.get("id") == call.tool_use_id:
+            return part.get("id")
+    return None
+
+
+def _restored(calls: list[Call], parent_entry: Entry) -> tuple[list[Entry], int]:
+    """The entries of ``calls`` hung off ``parent_entry``: each model message's entries,
+    then the results of its calls, then the next message (a model never sees a call
+    issued before the results of the message before it)."""
+    made: list[Entry] = []
+    by_uuid: dict[str, Entry] = {}
+    parent, answered, i = parent_entry.get("uuid"), 0, 0
+    while i < len(calls):
+        group, msg_id = [calls[i]], _message_of(calls[i])
+        i += 1
+        while i < len(calls) and msg_id is not None and _message_of(calls[i]) == msg_id:
+            group.append(calls[i])
+            i += 1
+        for call in group:
+            for part in call.message:
+                uuid_ = part.get("uuid") if isinstance(part, dict) else None
+                if not isinstance(uuid_, str) or not isinstance(part.get("block"), dict):
+                    continue
+                if uuid_ not in by_uuid:
+                    entry = _assistant_entry(parent_entry, part, parent, call.started_at)
+                    made.append(entry)
+                    by_uuid[uuid_] = entry
+                    parent = uuid_
+        for call in group:
+            holder = next(
+                (
+                    by_uuid[p["uuid"]]
+                    for p in call.message
+                    if isinstance(p, dict)
+                    and p.get("uuid") in by_uuid
+                    and (p.get("block") or {}).get("id") == call.tool_use_id
+                ),
+                None,
+            )
+            if holder is None:  # its message did not hold it: nothing to answer
+                continue
+            made.append(_result_entry(holder, call.tool_use_id, call, parent))
+            parent = made[-1]["uuid"]
+            answered += 1
+    return made, answered
 
 
 _CHAIN_TYPES = ("user", "assistant", "attachment", "system")
@@ -531,7 +622,7 @@ def _replaced(entry: Entry, index: int, call: Call) -> Entry:
 
 
 def _result_of(call: Call) -> tuple[Any, bool]:
-    if call.finished and call.content is not None:
+    if call.finished and isinstance(call.content, (str, list)):
         return call.content, call.is_error
     return NOT_FINISHED_TEXT, True
 
@@ -587,7 +678,7 @@ def _result_entry(use_entry: Entry, tid: str, call: Call, parent: Any) -> Entry:
                     }
                 ],
             },
-            "uuid": str(uuid.uuid5(_NAMESPACE, tid)),
+            "uuid": result_uuid(tid),
             "timestamp": datetime.fromtimestamp(when, UTC)
             .isoformat(timespec="milliseconds")
             .replace("+00:00", "Z"),

@@ -58,7 +58,8 @@ The CLI compacts on its own when the reported context nears the window (measured
 about 98% of the 1M window of its default model) and after a "prompt is too long" in a
 multi-turn session: it then sends a summary request whose last user text starts with
 ``CRITICAL: Respond with TEXT ONLY``. Route those with a conversation matching that
-marker, listed first; set ``DISABLE_AUTO_COMPACT=1`` in the CLI's environment to avoid them.
+marker, listed first. A flower Runtime with handoff on (the default) switches the CLI's
+auto-compaction off itself, so its steps never send those.
 
 Like the real API it rejects (400 ``invalid_request_error``) a request whose ``tool_use``
 ids have no ``tool_result`` in the next message, or whose ``tool_result`` names no

@@ -40,10 +40,11 @@ def file_name(name: str) -> str:
     return out
 
 
-def inside(folder: str | Path, name: str) -> Path:
-    """``folder / file_name(name)``, checked to be directly inside ``folder``."""
+def inside(folder: str | Path, name: str, suffix: str = "") -> Path:
+    """``folder / (file_name(name) + suffix)``, checked to be directly inside ``folder``
+    (the suffix, e.g. ``.md``, survives the cut of a long name)."""
     base = Path(folder)
-    path = base / file_name(name)
+    path = base / (file_name(name) + suffix)
     if path.parent != base or path.name in ("", ".", ".."):
         raise ValueError(f"{name!r} does not name a file inside {base}")
     return path
