@@ -29,6 +29,11 @@ entry never reached the transcript gets that entry back too (the CLI's own uuid,
 stream), after the transcript's last entry. A call that started and never finished is
 told, neutrally, that its effect is unknown (:data:`NOT_FINISHED_TEXT`).
 
+``PreToolUse`` runs before the CLI's own permission check and beside a spec's own hooks:
+a call refused there is recorded as started and never finished. It then has the CLI's
+denial as its result in the transcript, so nothing is supplied for it, except when a kill
+lost that result too: then the model is told its effect is unknown, although it never ran.
+
 What is stored is capped at :data:`MAX_CONTENT_CHARS` characters per call (the CLI itself
 cuts a Bash result at 30,000 unless ``BASH_MAX_OUTPUT_LENGTH`` is raised); a longer result
 is cut with a note saying so. Writing the ledger never blocks work: a failed write is one
