@@ -54,9 +54,9 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         workspace=args.workspace,
         run_dir=args.run_dir,
         trim=args.trim,
-        # <workspace>/.flower, where the starter flow keeps its documents too; a flow that
-        # names its own Workflow.workbench runs its steps with that one instead.
-        workbench=Workbench(args.workspace),
+        # A flow's own Workflow.workbench, else <workspace>/.flower (where the starter flow
+        # keeps its documents too).
+        workbench=wf.workbench if wf.workbench is not None else Workbench(args.workspace),
         placement=Forked(ask=term.ask),
     )
     if args.new:

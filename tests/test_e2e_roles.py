@@ -288,3 +288,12 @@ def test_the_same_walls_hold_in_process(model_server, tmp_path, monkeypatch):
     (denied,) = results_in(asked(server, "judge")[1])
     assert denied.get("is_error") and "这是有意的" in text_of(denied), text_of(denied)
     assert not (ws / "verdict.txt").exists()
+
+
+def test_a_flow_with_its_own_workbench_leaves_the_workspace_alone(model_server, flower_env):
+    server = model_server({"conversations": [conv("bench", [{"text": "nothing to do."}])]})
+    f: Flower = flower_env(server)
+    code, out = f.run(flow=f"{FLOWS}:bench", timeout=100)
+    assert code == 0, out
+    assert (f.runs / "workbench" / "INDEX.md").exists()
+    assert not (f.ws / ".flower").exists(), "a workbench the flow does not use was made"
