@@ -119,11 +119,11 @@ class StepLoop:
         # CLI's real window allows (learned by an attempt: a "window" event, kept per model
         # in ``windows``, which the Runtime shares between its steps).
         self.windows = windows if windows is not None else {}
-        self.window, self.at = int(handoff.window), handoff.at
+        fields = handoff_fields(call.spec, handoff, self.windows)
+        self.next = call.attempting(**fields)  # the next attempt to make
+        self.at: int = fields["stop_at"] or handoff.at
         known = self.windows.get(model_key(call.spec)) if self._guessed() else None
-        if known is not None:
-            self.window, self.at = known.window, min(self.at, handoff_at_for(known, handoff))
-        self.next = call.attempting(**handoff_fields(call.spec, handoff, self.windows))
+        self.window: int = known.window if known is not None else int(handoff.window)
         self.seen: str | None = None  # the session this step's attempts have written to
         self.attempt = 0
         self.ctx, self.warned = 0, False

@@ -215,15 +215,12 @@ class ToolLedger:
                 break
             await asyncio.sleep(0)
         asked = self._asked.pop(tid, None) if main else None
-        sid = str(data.get("session_id") or "")
+        call = _who(tid, data)
+        sid = call[1]
         if sid and sid not in self._kept:
             await self._wait_for(sid)
         row = (
-            tid,
-            str(data.get("session_id") or ""),
-            data.get("agent_id"),
-            str(data.get("tool_name") or ""),
-            _dumps(data.get("tool_input")),
+            *call,
             _dumps(asked) if asked else None,
             STARTED,
             time.time(),
@@ -272,11 +269,7 @@ class ToolLedger:
             state, response = DONE, data.get("tool_response")
             content = render(response)
         row = (
-            tid,
-            str(data.get("session_id") or ""),
-            data.get("agent_id"),
-            str(data.get("tool_name") or ""),
-            _dumps(data.get("tool_input")),
+            *_who(tid, data),
             state,
             _dumps_response(response),
             self._remember(tid, _dumps(capped(content)), failed),
@@ -393,6 +386,17 @@ class ToolLedger:
             "PostToolUse": [HookMatcher(matcher=None, hooks=[post])],
             "PostToolUseFailure": [HookMatcher(matcher=None, hooks=[post])],
         }
+
+
+def _who(tid: str, data: dict[str, Any]) -> tuple[str, str, Any, str, str]:
+    """A hook input's call, as the first columns of its row: id, session, agent, tool, input."""
+    return (
+        tid,
+        str(data.get("session_id") or ""),
+        data.get("agent_id"),
+        str(data.get("tool_name") or ""),
+        _dumps(data.get("tool_input")),
+    )
 
 
 def _loads(text: str | None) -> Any:
