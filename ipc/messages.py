@@ -221,6 +221,8 @@ class EventMsg(Message):
     kind: str
     step: str
     payload: dict[str, Any]
+    text: str = ""
+    tool: str = ""
 
 
 @dataclass(frozen=True, slots=True)

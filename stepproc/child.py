@@ -224,7 +224,15 @@ class _Child:
         self.send(Session(label=call.label, step=call.step, session_id=sid))
 
     def on_event(self, event: Event) -> None:
-        self.send(EventMsg(kind=event.kind, step=event.step, payload=jsonable(event.payload)))
+        self.send(
+            EventMsg(
+                kind=event.kind,
+                step=event.step,
+                payload=jsonable(event.payload),
+                text=event.text,
+                tool=event.tool,
+            )
+        )
 
 
 def _mismatch(start: Start, call: StepCall) -> str:

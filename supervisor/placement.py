@@ -364,7 +364,8 @@ class Forked:
                 self._writing_now(item.session_id)
             watch.on_session(item.session_id)
         elif isinstance(item, EventMsg):
-            watch.on_event(Event(item.kind, item.step, dict(item.payload)))
+            payload = {**item.payload, "step": item.step} if item.step else dict(item.payload)
+            watch.on_event(Event(item.kind, item.text, item.tool, payload))
         elif isinstance(item, Ask):
             self._answer(child, item)
         else:

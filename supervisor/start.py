@@ -68,10 +68,9 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
 
 
 def _archive(rt: Runtime, term: Terminal) -> None:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    into = rt.workspace / ".flower" / "notes" / "archive" / stamp
-    moved = rt.lineage().archive(into, extra=[rt.workspace / n for n in ARCHIVE_EXTRA])
-    if moved:
+    archive = rt.workspace / ".flower" / "notes" / "archive"
+    into = rt.lineage().archive(archive, extra=[rt.workspace / n for n in ARCHIVE_EXTRA])
+    if into.exists():
         term.say(f"-- 重开一件事:上次的血缘和冻结件已归档到 {into}")
 
 

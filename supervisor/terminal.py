@@ -63,7 +63,7 @@ class Terminal:
             self.say(head)
 
     def _ev_text(self, ev: Event) -> None:
-        text = str(ev.payload.get("text", "")).strip()
+        text = ev.text.strip()
         if text:
             self.say("  " + text.replace("\n", "\n  "))
 

@@ -173,7 +173,7 @@ MALFORMED: list[tuple[str, bytes | str, str]] = [
     ),
     (
         "list as dict",
-        _line(v=1, type="event", kind="k", step="s", payload=[]),
+        _line(v=1, type="event", kind="k", step="s", payload=[], text="", tool=""),
         "'payload' must be a JSON object, got array",
     ),
     (
@@ -205,7 +205,7 @@ MALFORMED: list[tuple[str, bytes | str, str]] = [
     ("too deep", b"[" * 100_000, "nested too deeply"),
     (
         "too deep in a field",
-        b'{"v":1,"type":"event","kind":"k","step":"s","payload":{"a":'
+        b'{"v":1,"type":"event","kind":"k","step":"s","text":"","tool":"","payload":{"a":'
         + b"[" * 80
         + b"]" * 80
         + b"}}",

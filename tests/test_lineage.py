@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import random
+import re
 import stat
 import subprocess
 import sys
@@ -88,34 +89,34 @@ def test_bare_name(label: str, key: str | None) -> None:
 
 
 def test_first_wake_is_one_and_each_start_counts(ws: Path, runs: Path) -> None:
-    assert Lineage(runs, ws).wake() == 1
-    lin = Lineage(runs, ws)
-    assert lin.wake() == 2
+    assert Lineage.open(runs, ws).bump() == 1
+    lin = Lineage.open(runs, ws)
+    assert lin.bump() == 2
     assert lin.woke == 2
     assert on_disk(runs) == {"workspace": str(ws), "woke": 2, "steps": {}}
 
 
 def test_remember_is_on_disk_at_once_and_next_process_gets_it(ws: Path, runs: Path) -> None:
-    first = Lineage(runs, ws)
-    first.wake()
+    first = Lineage.open(runs, ws)
+    first.bump()
     first.remember("取词", SID)
     assert on_disk(runs)["steps"] == {"取词": SID}  # written the instant, not at step end
-    second = Lineage(runs, ws, has_session=lambda sid: sid == SID)
+    second = Lineage.open(runs, ws, has_session=lambda sid: sid == SID)
     assert second.load() == {"取词": SID}
-    assert second.wake() == 2
+    assert second.bump() == 2
     assert second.steps == {"取词": SID}
 
 
 def test_relative_workspace_is_stored_absolute(ws: Path, runs: Path, monkeypatch) -> None:
     monkeypatch.chdir(ws.parent)
-    lin = Lineage(runs, "proj")
-    lin.wake()
-    assert lin.workspace == str(ws)
+    lin = Lineage.open(runs, "proj")
+    lin.bump()
+    assert lin.workspace == ws
     assert on_disk(runs)["workspace"] == str(ws)
 
 
 def test_suffixed_labels_land_under_the_bare_name(ws: Path, runs: Path) -> None:
-    lin = Lineage(runs, ws)
+    lin = Lineage.open(runs, ws)
     lin.remember("干活#retry2", "s-retry")
     assert on_disk(runs)["steps"] == {"干活": "s-retry"}
     lin.remember("干活#round3", "s-round")
@@ -124,7 +125,7 @@ def test_suffixed_labels_land_under_the_bare_name(ws: Path, runs: Path) -> None:
 
 
 def test_judge_label_never_lands(ws: Path, runs: Path) -> None:
-    lin = Lineage(runs, ws)
+    lin = Lineage.open(runs, ws)
     lin.remember("干活", SID)
     before = (runs / LINEAGE_NAME).read_bytes()
     lin.remember("干活·判定#1", "judge-session")
@@ -133,9 +134,9 @@ def test_judge_label_never_lands(ws: Path, runs: Path) -> None:
 
 
 def test_remember_keeps_what_other_flowers_wrote(ws: Path, runs: Path) -> None:
-    a, b = Lineage(runs, ws), Lineage(runs, ws)
-    a.wake()
-    b.wake()
+    a, b = Lineage.open(runs, ws), Lineage.open(runs, ws)
+    a.bump()
+    b.bump()
     a.remember("一", "sid-1")
     b.remember("二", "sid-2")
     a.remember("三", "sid-3")
@@ -152,10 +153,10 @@ def test_remember_keeps_what_other_flowers_wrote(ws: Path, runs: Path) -> None:
 def test_other_workspace_is_a_silent_fresh_start(ws: Path, runs: Path, tmp_path: Path) -> None:
     foreign = {"workspace": str(tmp_path / "elsewhere"), "woke": 7, "steps": {"干活": SID}}
     write_file(runs, foreign)
-    lin = Lineage(runs, ws, has_session=lambda sid: True)
+    lin = Lineage.open(runs, ws, has_session=lambda sid: True)
     assert lin.load() == {}
     assert lin.woke == 0
-    assert lin.wake() == 1
+    assert lin.bump() == 1
     assert lin.steps == {}
     assert on_disk(runs) == {"workspace": str(ws), "woke": 1, "steps": {}}
     kept = list(runs.glob(f"{LINEAGE_NAME}.workspace-*"))  # moved aside, not lost
@@ -167,15 +168,15 @@ def test_symlink_to_the_same_workspace_matches(ws: Path, runs: Path, tmp_path: P
     link = tmp_path / "link"
     link.symlink_to(ws)
     write_file(runs, {"workspace": str(link), "woke": 1, "steps": {"干活": SID}})
-    assert Lineage(runs, ws).load() == {"干活": SID}
+    assert Lineage.open(runs, ws).load() == {"干活": SID}
 
 
 def test_session_gone_from_the_store_is_dropped(ws: Path, runs: Path) -> None:
     write_file(runs, {"workspace": str(ws), "woke": 2, "steps": {"活的": "alive", "死的": "gone"}})
-    lin = Lineage(runs, ws, has_session=lambda sid: sid == "alive")
+    lin = Lineage.open(runs, ws, has_session=lambda sid: sid == "alive")
     assert lin.load() == {"活的": "alive"}
     assert lin.woke == 2
-    assert lin.wake() == 3
+    assert lin.bump() == 3
     assert lin.steps == {"活的": "alive"}
 
 
@@ -189,7 +190,7 @@ def test_a_store_that_raises_is_not_session_gone(
 
     write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"干活": SID}})
     with caplog.at_level(logging.WARNING, logger="flower"):
-        assert Lineage(runs, ws, has_session=broken).load() == {"干活": SID}
+        assert Lineage(runs / LINEAGE_NAME, ws, has_session=broken).load() == {"干活": SID}
     (line,) = caplog.messages
     assert "干活" in line and SID in line and "database is locked" in line and "keeping it" in line
 
@@ -201,7 +202,7 @@ def test_every_fresh_start_says_why_in_one_line(
     runs.mkdir()
     (runs / LINEAGE_NAME).write_bytes(b"{not json")
     with caplog.at_level(logging.WARNING, logger="flower"):
-        Lineage(runs, ws).wake()
+        Lineage.open(runs, ws).bump()
     (line,) = caplog.messages
     (aside,) = runs.glob(f"{LINEAGE_NAME}.corrupt-*")
     assert "not valid JSON" in line and str(aside) in line and "starts fresh" in line
@@ -209,15 +210,15 @@ def test_every_fresh_start_says_why_in_one_line(
     caplog.clear()
     write_file(runs, {"workspace": str(tmp_path / "moved"), "woke": 4, "steps": {"a": SID}})
     with caplog.at_level(logging.WARNING, logger="flower"):
-        Lineage(runs, ws).wake()
+        Lineage.open(runs, ws).bump()
     (line,) = caplog.messages
     assert str(tmp_path / "moved") in line and "starts fresh" in line
 
     caplog.clear()
     write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"a": "gone-sid", "b": SID}})
     with caplog.at_level(logging.WARNING, logger="flower"):
-        lin = Lineage(runs, ws, has_session=lambda sid: sid != "gone-sid")
-        assert lin.wake(["a", "b"]) == 2
+        lin = Lineage.open(runs, ws, has_session=lambda sid: sid != "gone-sid")
+        assert lin.bump(["a", "b"]) == 2
     assert lin.steps == {"b": SID}
     (line,) = caplog.messages
     (copy,) = runs.glob(f"{LINEAGE_NAME}.gone-*")
@@ -231,7 +232,7 @@ def test_a_gone_session_of_another_flow_is_not_this_flows_business(
 ) -> None:
     write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"theirs": "gone-sid"}})
     with caplog.at_level(logging.WARNING, logger="flower"):
-        Lineage(runs, ws, has_session=lambda sid: False).wake(["mine"])
+        Lineage.open(runs, ws, has_session=lambda sid: False).bump(["mine"])
     assert caplog.messages == [] and not list(runs.glob(f"{LINEAGE_NAME}.gone-*"))
     assert on_disk(runs)["steps"] == {"theirs": "gone-sid"}  # never dropped from the file
 
@@ -239,8 +240,8 @@ def test_a_gone_session_of_another_flow_is_not_this_flows_business(
 def test_a_failed_lineage_write_warns_once(
     ws: Path, runs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lin = Lineage(runs, ws)
-    lin.wake()
+    lin = Lineage.open(runs, ws)
+    lin.bump()
 
     def full(*_a: object, **_k: object) -> None:
         raise OSError(28, "No space left on device")
@@ -290,11 +291,11 @@ def test_broken_file_is_a_silent_fresh_start(ws: Path, runs: Path, content: byte
     runs.mkdir()
     content = content.replace(b"WS", str(ws).encode())
     (runs / LINEAGE_NAME).write_bytes(content)
-    lin = Lineage(runs, ws, has_session=lambda sid: True)
+    lin = Lineage.open(runs, ws, has_session=lambda sid: True)
     assert lin.load() == {}
     assert lin.woke == 0
     assert (runs / LINEAGE_NAME).read_bytes() == content  # load() writes nothing
-    assert lin.wake() == 1
+    assert lin.bump() == 1
     assert on_disk(runs) == {"workspace": str(ws), "woke": 1, "steps": {}}
     kept = list(runs.glob(f"{LINEAGE_NAME}.corrupt-*"))
     assert [p.read_bytes() for p in kept] == [content]
@@ -302,12 +303,12 @@ def test_broken_file_is_a_silent_fresh_start(ws: Path, runs: Path, content: byte
 
 def test_wrong_typed_entries_are_dropped_the_rest_kept(ws: Path, runs: Path) -> None:
     write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"a": 5, "b": "", "c": SID}})
-    assert Lineage(runs, ws).load() == {"c": SID}
+    assert Lineage.open(runs, ws).load() == {"c": SID}
 
 
 def test_load_never_writes(ws: Path, tmp_path: Path) -> None:
     runs = tmp_path / "never"
-    assert Lineage(runs, ws).load() == {}
+    assert Lineage.open(runs, ws).load() == {}
     assert not runs.exists()
 
 
@@ -317,8 +318,8 @@ def test_load_never_writes(ws: Path, tmp_path: Path) -> None:
 def test_run_dir_under_a_regular_file_does_not_raise(ws: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    lin = Lineage(blocker / "runs", ws)  # mkdir fails with ENOTDIR, even for root
-    assert lin.wake() == 1
+    lin = Lineage.open(blocker / "runs", ws)  # mkdir fails with ENOTDIR, even for root
+    assert lin.bump() == 1
     lin.remember("干活", SID)
     assert lin.steps == {"干活": SID}
     assert lin.load() == {}
@@ -336,16 +337,16 @@ def _writes_blocked_by_mode(d: Path) -> bool:
 
 
 def test_read_only_run_dir_does_not_raise(ws: Path, runs: Path) -> None:
-    lin = Lineage(runs, ws)
-    lin.wake()
+    lin = Lineage.open(runs, ws)
+    lin.bump()
     lin.remember("一", "sid-1")
     before = (runs / LINEAGE_NAME).read_bytes()
     runs.chmod(0o500)
     try:
         if not _writes_blocked_by_mode(runs):
             pytest.skip("running privileged: chmod 0500 does not stop writes here")
-        again = Lineage(runs, ws)
-        assert again.wake() == 2  # counted in memory, from what could be read
+        again = Lineage.open(runs, ws)
+        assert again.bump() == 2  # counted in memory, from what could be read
         again.remember("二", "sid-2")
         assert again.steps == {"一": "sid-1", "二": "sid-2"}
     finally:
@@ -360,8 +361,8 @@ def test_full_disk_or_any_oserror_is_swallowed(ws: Path, runs: Path, monkeypatch
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(mod, "atomic_write_text", no_space)
-    lin = Lineage(runs, ws)
-    assert lin.wake() == 1
+    lin = Lineage.open(runs, ws)
+    assert lin.bump() == 1
     lin.remember("干活", SID)
     assert lin.steps == {"干活": SID}
 
@@ -425,7 +426,7 @@ def test_wake_clears_temp_files_of_killed_writers(ws: Path, runs: Path) -> None:
     runs.mkdir()
     stale = runs / f".{LINEAGE_NAME}.4242.123456789.tmp"
     stale.write_text('{"workspace": "half')
-    Lineage(runs, ws).wake()
+    Lineage.open(runs, ws).bump()
     assert not stale.exists()
 
 
@@ -455,7 +456,7 @@ def test_live_flower_of_another_workspace_refuses_then_dead_one_does_not(
     _hold_record(runs, other, holder)
 
     with pytest.raises(RunDirBusy) as err:
-        Lineage(runs, ws).wake()
+        Lineage.open(runs, ws).bump()
     one_line = err.value.one_line()
     assert str(holder.pid) in one_line and str(other) in one_line and "--run-dir" in one_line
     assert "\n" not in one_line
@@ -463,8 +464,8 @@ def test_live_flower_of_another_workspace_refuses_then_dead_one_does_not(
 
     holder.kill()
     holder.wait(timeout=10)
-    lin = Lineage(runs, ws)
-    assert lin.wake() == 1
+    lin = Lineage.open(runs, ws)
+    assert lin.bump() == 1
     assert on_disk(runs) == {"workspace": str(ws), "woke": 1, "steps": {}}
 
 
@@ -477,7 +478,7 @@ def test_live_flower_of_the_same_workspace_or_ourselves_does_not_refuse(
     )
     procs.append(holder)
     _hold_record(runs, ws, holder)
-    assert Lineage(runs, ws).wake() == 2
+    assert Lineage.open(runs, ws).bump() == 2
     # Our own record (by run id) never blocks us, even if it names a different workspace.
     mine = FlowerRecord(
         run=new_run_id(),
@@ -489,7 +490,7 @@ def test_live_flower_of_the_same_workspace_or_ourselves_does_not_refuse(
     )
     Registry(runs).write(mine)
     write_file(runs, {"workspace": "/somewhere/else", "woke": 9, "steps": {}})
-    assert Lineage(runs, ws, run_id=mine.run).wake() == 1
+    assert Lineage.open(runs, ws, run_id=mine.run).bump() == 1
 
 
 # -- files ------------------------------------------------------------------------------
@@ -498,8 +499,8 @@ def test_live_flower_of_the_same_workspace_or_ourselves_does_not_refuse(
 def test_files_are_owner_only(ws: Path, runs: Path) -> None:
     old = os.umask(0o022)
     try:
-        lin = Lineage(runs, ws)
-        lin.wake()
+        lin = Lineage.open(runs, ws)
+        lin.bump()
         lin.remember("干活", SID)
     finally:
         os.umask(old)
@@ -509,18 +510,18 @@ def test_files_are_owner_only(ws: Path, runs: Path) -> None:
 
 
 def test_archive_moves_the_three_files_and_resets(ws: Path, runs: Path) -> None:
-    lin = Lineage(runs, ws)
-    lin.wake()
+    lin = Lineage.open(runs, ws)
+    lin.bump()
     lin.remember("干活", SID)
     (ws / "需求.md").write_text("# 需求\n", encoding="utf-8")
     (ws / "目标.md").write_text("# 目标\n", encoding="utf-8")
     (runs / "sessions.db").write_bytes(b"archive, never touched")
     lineage_bytes = (runs / LINEAGE_NAME).read_bytes()
-    into = ws / "notes" / "archive" / "20260907-120000"
+    archive = ws / "notes" / "archive"
 
-    got = lin.archive(into, extra=[ws / "需求.md", ws / "目标.md", ws / "absent.md"])
+    into = lin.archive(archive, extra=[ws / "需求.md", ws / "目标.md", ws / "absent.md"])
 
-    assert got == into
+    assert into.parent == archive and re.fullmatch(r"\d{8}-\d{6}(-\d+)?", into.name)
     assert sorted(p.name for p in into.iterdir()) == sorted([LINEAGE_NAME, "需求.md", "目标.md"])
     assert (into / LINEAGE_NAME).read_bytes() == lineage_bytes
     assert (into / "需求.md").read_text(encoding="utf-8") == "# 需求\n"
@@ -528,21 +529,21 @@ def test_archive_moves_the_three_files_and_resets(ws: Path, runs: Path) -> None:
     assert not (runs / LINEAGE_NAME).exists()
     assert (runs / "sessions.db").read_bytes() == b"archive, never touched"
     assert (lin.steps, lin.woke) == ({}, 0)
-    assert Lineage(runs, ws).load() == {}
-    assert lin.wake() == 1
+    assert Lineage.open(runs, ws).load() == {}
+    assert lin.bump() == 1
 
 
-def test_archive_never_overwrites_and_with_nothing_returns_none(ws: Path, runs: Path) -> None:
-    into = ws / "notes" / "archive" / "same-second"
-    lin = Lineage(runs, ws)
+def test_archive_never_overwrites_and_with_nothing_creates_nothing(ws: Path, runs: Path) -> None:
+    archive = ws / "notes" / "archive"
+    lin = Lineage.open(runs, ws)
     lin.remember("一", "sid-1")
-    lin.archive(into)
+    first = lin.archive(archive)
     lin.remember("二", "sid-2")
-    lin.archive(into)
-    assert {p.name for p in into.iterdir()} == {LINEAGE_NAME, "lineage-2.json"}
-    assert json.loads((into / LINEAGE_NAME).read_text())["steps"] == {"一": "sid-1"}
-    assert json.loads((into / "lineage-2.json").read_text())["steps"] == {"二": "sid-2"}
-    assert lin.archive(into) is None
+    second = lin.archive(archive)  # within the same second: a -2 directory, nothing replaced
+    assert first != second
+    assert json.loads((first / LINEAGE_NAME).read_text())["steps"] == {"一": "sid-1"}
+    assert json.loads((second / LINEAGE_NAME).read_text())["steps"] == {"二": "sid-2"}
+    assert not lin.archive(archive).exists()
 
 
 def test_a_gone_session_is_reported_once_then_dropped(
@@ -551,7 +552,7 @@ def test_a_gone_session_is_reported_once_then_dropped(
     write_file(runs, {"workspace": str(ws), "woke": 1, "steps": {"a": "gone-sid", "b": SID}})
     alive = lambda sid: sid != "gone-sid"  # noqa: E731 - a one-line stand-in for the store
     with caplog.at_level(logging.WARNING, logger="flower"):
-        Lineage(runs, ws, has_session=alive).wake(["a", "b"])
+        Lineage.open(runs, ws, has_session=alive).bump(["a", "b"])
         assert on_disk(runs)["steps"] == {"b": SID}  # the copy beside it keeps "a"
-        Lineage(runs, ws, has_session=alive).wake(["a", "b"])
+        Lineage.open(runs, ws, has_session=alive).bump(["a", "b"])
     assert len(caplog.messages) == 1 and len(list(runs.glob(f"{LINEAGE_NAME}.gone-*"))) == 1

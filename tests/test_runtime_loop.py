@@ -602,7 +602,7 @@ def test_a_synthetic_api_error_is_an_error_not_the_answer():
     r = state.result
     assert not r.ok and r.error == synthetic and r.text == "" and r.session_id == "s1"
     assert sessions == ["s1"], "the session id must be reported exactly once"
-    assert [e.payload["text"] for e in events if e.kind == "text"] == ["Working on it."]
+    assert [e.text for e in events if e.kind == "text"] == ["Working on it."]
     assert r.context == 900
 
 

@@ -284,7 +284,7 @@ class AttemptState:
             self.ledger.saw(msg)
         if texts:
             self.last_text = "\n".join(texts)
-            self.watch.on_event(Event("text", self.result.step, {"text": self.last_text}))
+            self.watch.on_event(Event("text", self.last_text, payload={"step": self.result.step}))
         used = context_of(msg.usage)
         if used:
             self.saw_context(used, final=msg.stop_reason == "end_turn")
@@ -303,7 +303,9 @@ class AttemptState:
         """One main-thread turn's context size: report it; past ``stop_at`` stop for a handoff
         (never on a final turn: the step is done anyway)."""
         self.result.context = used
-        self.watch.on_event(Event("context", self.result.step, {"used": used, "final": final}))
+        self.watch.on_event(
+            Event("context", payload={"step": self.result.step, "used": used, "final": final})
+        )
         if self.stop_at is not None and used >= self.stop_at and not final:
             self.stop_requested = self.stopped_for_handoff = True
 
@@ -329,7 +331,7 @@ class AttemptState:
         }
         if cost_ms is not None:
             payload["ms"] = round(cost_ms, 1)
-        self.watch.on_event(Event("window", self.result.step, payload))
+        self.watch.on_event(Event("window", payload={"step": self.result.step, **payload}))
 
     def _see_result(self, msg: Any) -> None:
         r = self.result
@@ -339,7 +341,9 @@ class AttemptState:
             self._see_session(msg.session_id)
         window = _window_of(msg.model_usage, self.model)
         if window:  # free with every result: later attempts need not ask
-            self.watch.on_event(Event("window", r.step, {"window": window, "source": "result"}))
+            self.watch.on_event(
+                Event("window", payload={"step": r.step, "window": window, "source": "result"})
+            )
         if msg.is_error:
             r.ok = False
             r.error = _error_text(msg, self.api_error)

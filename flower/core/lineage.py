@@ -143,34 +143,50 @@ def peek(run_dir: str | Path) -> dict[str, Any]:
     )
 
 
+@dataclass
 class Lineage:
     """The step-name -> session-id map of one workspace, stored in ``<run_dir>/lineage.json``.
 
-    ``has_session(sid)`` (usually ``Runtime.has_session``) decides whether a remembered session
-    still exists; entries failing it are not used. ``run_id`` is this flower's own registry
-    record, so :meth:`wake` does not mistake itself for another live holder.
+    The documented fields are ``path`` (the file), ``workspace``, ``steps`` and ``woke``;
+    :meth:`open` reads one. ``has_session(sid)`` (usually ``Runtime.has_session``) decides
+    whether a remembered session still exists; entries failing it are not used. ``run_id`` is
+    this flower's own registry record, so :meth:`bump` does not mistake itself for another
+    live holder.
     """
 
-    def __init__(
-        self,
-        run_dir: str | Path,
-        workspace: str | Path,
-        *,
-        has_session: Callable[[str], bool] | None = None,
-        run_id: str | None = None,
-    ) -> None:
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LINEAGE_NAME
-        self.workspace = os.path.abspath(os.fspath(workspace))
-        self.has_session = has_session
-        self.run_id = run_id
-        self.woke = 0
-        self.steps: dict[str, str] = {}
+    path: Path
+    workspace: Path
+    steps: dict[str, str] = field(default_factory=dict)
+    woke: int = 0
+    has_session: Callable[[str], bool] | None = field(default=None, repr=False, compare=False)
+    run_id: str | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.workspace = Path(os.path.abspath(os.fspath(self.workspace)))
+        self.run_dir = self.path.parent
         self._write_failed = False  # warned once: a run whose lineage cannot be written
         self._written: dict[str, str] = {}  # entries this object put on disk
         self._lock = FileLock(
             f"{self.path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
         )
+
+    @classmethod
+    def open(
+        cls,
+        run_dir: str | Path,
+        workspace: str | Path,
+        *,
+        has_session: Callable[[str], bool] | None = None,
+        run_id: str | None = None,
+    ) -> Lineage:
+        """``<run_dir>/lineage.json`` as far as it is usable for ``workspace``: a missing,
+        unreadable or foreign file gives an empty one. Reads only; never raises."""
+        lineage = cls(
+            Path(run_dir) / LINEAGE_NAME, Path(workspace), has_session=has_session, run_id=run_id
+        )
+        lineage.load()
+        return lineage
 
     # -- reading ------------------------------------------------------------------------
 
@@ -194,7 +210,7 @@ class Lineage:
 
     def _ours(self, workspace: str) -> bool:
         try:
-            return same_workspace(workspace, self.workspace)
+            return same_workspace(workspace, str(self.workspace))
         except (OSError, ValueError):
             return False
 
@@ -219,8 +235,8 @@ class Lineage:
 
     # -- waking -------------------------------------------------------------------------
 
-    def wake(self, mine: Iterable[str] = ()) -> int:
-        """Count one more start (the first run is 1) and return the count.
+    def bump(self, mine: Iterable[str] = ()) -> int:
+        """Count one more start (the first run is 1), write it, and return the count.
 
         Raises :class:`flower.RunDirBusy` only when the file belongs to another workspace and
         a live flower still holds this run_dir for it; otherwise a foreign or broken file
@@ -326,13 +342,13 @@ class Lineage:
 
     # -- remembering --------------------------------------------------------------------
 
-    def remember(self, label: str, session_id: str) -> None:
-        """Record ``label``'s session the instant it is known; never raises ``OSError``.
+    def remember(self, step: str, session_id: str) -> None:
+        """Record ``step``'s session the instant it is known; never raises ``OSError``.
 
         Suffixed labels (``#retryN``, ``#roundN``) record under the bare step name; judge
         labels are ignored. Entries other flowers wrote meanwhile are kept (re-read under lock).
         """
-        key = bare_name(label)
+        key = bare_name(step)
         if key is None or not session_id:
             return
         if self._written.get(key) == session_id:
@@ -368,27 +384,29 @@ class Lineage:
         self._written[key] = session_id
 
     def _write(self, woke: int, steps: dict[str, str]) -> None:
-        doc = {"workspace": self.workspace, "woke": woke, "steps": steps}
+        doc = {"workspace": str(self.workspace), "woke": woke, "steps": steps}
         atomic_write_text(self.path, json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
 
     # -- starting over ------------------------------------------------------------------
 
-    def archive(self, into: str | Path, extra: Iterable[str | Path] = ()) -> Path | None:
-        """``--new``: move lineage.json and the ``extra`` files that exist into ``into``.
+    def archive(self, into: str | Path, *, extra: list[Path] | None = None) -> Path:
+        """``--new``: move lineage.json and the ``extra`` files that exist into
+        ``<into>/<YYYYmmdd-HHMMSS>/`` (created owner-only; ``-2``, ``-3`` … when taken).
 
-        ``into`` is created owner-only. Nothing is deleted and ``sessions.db`` is never
-        touched; afterwards ``steps`` is empty and ``woke`` is 0. Returns ``into``, or None
-        when there was nothing to move. Raises OSError: a person asked for a fresh start and
-        must not silently get the old conversation back.
+        Nothing is deleted and ``sessions.db`` is never touched; afterwards ``steps`` is empty
+        and ``woke`` is 0. Returns that directory, which exists only when something was
+        moved. Raises OSError: a person asked for a fresh start and must not silently get
+        the old conversation back.
         """
-        sources = [self.path, *(Path(p) for p in extra)]
+        target = _unused(Path(into) / time.strftime("%Y%m%d-%H%M%S"))
+        sources = [self.path, *(Path(p) for p in extra or ())]
         if self.run_dir.is_dir():
             with self._lock, deferred_signals():
-                moved = _move_existing(sources, Path(into))
+                _move_existing(sources, target)
         else:
-            moved = _move_existing(sources[1:], Path(into))
+            _move_existing(sources[1:], target)
         self.steps, self.woke = {}, 0
-        return Path(into) if moved else None
+        return target
 
 
 def _unused(path: Path) -> Path:

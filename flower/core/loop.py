@@ -227,7 +227,13 @@ class StepLoop:
 
     def _emit(self, kind: str, payload: dict[str, Any]) -> None:
         if self.on_event:
-            self.on_event(Event(kind, self.result.step, payload))
+            self.on_event(
+                Event(
+                    kind,
+                    str(payload.get("text", "")),
+                    payload={"step": self.result.step, **payload},
+                )
+            )
 
     # -- events from the attempt; the context watermark -----------------------------------
 

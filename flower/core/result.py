@@ -71,8 +71,23 @@ def jsonable(value: Any) -> Any:
 
 @dataclass
 class Event:
-    """Progress while a step runs: ``kind`` is step / retry / handoff / context / text / …"""
+    """Progress while a step runs, in seed 003's shape: ``kind`` (text / tool_call / step /
+    retry / handoff / ask / …), ``text`` the body, ``tool`` the tool name of a ``tool_call``,
+    ``payload`` the structured rest, ``raw`` the SDK object it came from (never sent over a
+    pipe). Events flower emits for a step carry its label in ``payload["step"]``."""
 
     kind: str
-    step: str = ""
+    text: str = ""
+    tool: str = ""
     payload: dict[str, Any] = field(default_factory=dict)
+    raw: Any = None
+
+    def __str__(self) -> str:
+        if self.kind == "tool_call":
+            return f"[{self.tool}] {self.text}"
+        return self.text or f"<{self.kind}>"
+
+    @property
+    def step(self) -> str:
+        """The label of the step this event belongs to ("" when it is not a step's)."""
+        return str(self.payload.get("step", ""))

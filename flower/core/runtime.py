@@ -25,7 +25,7 @@ from .call import StepCall
 from .credentials import check_credentials, load_dotenv
 from .inprocess import InProcess
 from .interrupts import Interrupts
-from .lineage import Lineage
+from .lineage import LINEAGE_NAME, Lineage
 from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop, handoff_fields
 from .manifest import Manifest
 from .placement import Placement, Seat
@@ -146,7 +146,10 @@ class Runtime:
 
     def lineage(self) -> Lineage:
         return Lineage(
-            self.run_dir, self.workspace, has_session=self.has_session, run_id=self.run_id
+            self.run_dir / LINEAGE_NAME,
+            self.workspace,
+            has_session=self.has_session,
+            run_id=self.run_id,
         )
 
     @property

@@ -154,7 +154,7 @@ class _Run:
             Registry(rt.run_dir).set_aside_damaged()
             rt.begin_flow(wf.name, names, command=command)
         try:
-            woke = self.lineage.wake(names if wf.continuous else ())
+            woke = self.lineage.bump(names if wf.continuous else ())
         except BaseException:
             rt.end_flow(discard=True)  # refused (another workspace holds the run_dir): no trace
             raise
@@ -176,7 +176,8 @@ class _Run:
             }
             self._emit(
                 Event(
-                    "wake", "", {"woke": woke, "workspace": str(rt.workspace), "contexts": contexts}
+                    "wake",
+                    payload={"woke": woke, "workspace": str(rt.workspace), "contexts": contexts},
                 )
             )
         state, stopped_at = "finished", None
@@ -336,8 +337,14 @@ class _Run:
 
     def _step_event(self, index: int, step: Step, **more: Any) -> None:
         """seed 003's ``Event("step")``: index, total, resumed, woke (and what ``more`` adds)."""
-        payload = {"index": index, "total": len(self.wf.steps), "woke": self.ctx["_woke"], **more}
-        self._emit(Event("step", step.name, payload))
+        payload = {
+            "index": index,
+            "total": len(self.wf.steps),
+            "woke": self.ctx["_woke"],
+            "step": step.name,
+            **more,
+        }
+        self._emit(Event("step", step.name, payload=payload))
 
     def _emit(self, event: Event) -> None:
         if self.on_event:
