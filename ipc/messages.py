@@ -227,13 +227,18 @@ class EventMsg(Message):
 
 @dataclass(frozen=True, slots=True)
 class Ask(Message):
-    """A question for the person (only the supervisor owns the terminal)."""
+    """A question for the person (only the supervisor owns the terminal).
+
+    ``channel`` names the flow's ``HumanChannel`` (its ``key``) when the question comes from
+    one of its tools; ``kind`` is then the tool (``ask`` or ``inbox``) and the ``Answer``'s
+    text is exactly what the model gets back."""
 
     TYPE: ClassVar[str] = "ask"
     id: str
     question: str
     options: list[str]
     kind: str
+    channel: str = ""
 
 
 @dataclass(frozen=True, slots=True)

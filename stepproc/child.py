@@ -31,12 +31,15 @@ from typing import Any
 
 from flower.core.attempt import Closer, SdkAttempt, crash_of
 from flower.core.call import StepCall
+from flower.core.human import set_relay
 from flower.core.interrupts import Interrupts
 from flower.core.placement import Seat, Watch
 from flower.core.proctree import PROCS
 from flower.core.result import Event, jsonable
 from flower.util.fsutil import open_private, private_dir
 from ipc import (
+    Answer,
+    Ask,
     EventMsg,
     Failure,
     Hello,
@@ -147,6 +150,29 @@ class _Child:
         self.attempt = SdkAttempt(setup.call, setup.seat, self.watch)
         self.work: asyncio.Task[int] | None = None
         self.pending: set[asyncio.Task[None]] = set()
+        self.questions: dict[str, asyncio.Future[str]] = {}
+        # A HumanChannel's tools in this child put their calls to the supervisor's copy of
+        # the channel: only the supervisor talks to the person and keeps the log and quota.
+        set_relay(self.relay)
+
+    async def relay(self, channel: Any, op: str, args: dict[str, Any]) -> str:
+        qid = f"{os.getpid()}-{len(self.questions)}-{id(args):x}"
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.questions[qid] = answer
+        options = args.get("options") or []
+        self.send(
+            Ask(
+                id=qid,
+                question=str(args.get("question") or ""),
+                options=[str(o) for o in options] if isinstance(options, list) else [],
+                kind=op,
+                channel=str(channel.key),
+            )
+        )
+        try:
+            return await answer
+        finally:
+            self.questions.pop(qid, None)
 
     def send(self, msg: Message) -> None:
         try:
@@ -178,6 +204,10 @@ class _Child:
             task.add_done_callback(self.pending.discard)
         elif isinstance(item, Shutdown) and self.work is not None:
             self.work.cancel()
+        elif isinstance(item, Answer):
+            waiting = self.questions.get(item.id)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(item.text or "")
 
     async def serve(self) -> int:
         self.send(Hello(pid=os.getpid()))

@@ -48,7 +48,10 @@ def main() -> None:
     "--flow",
     "flow_ref",
     metavar="FILE.py:ATTR|MODULE:ATTR",
-    help="the Workflow to run (default: one working step doing ASK)",
+    help=(
+        "your own Workflow to run (default: the starter flow 确认需求 → 设定目标 → 干活);"
+        ' ASK reaches it as ctx["_ask"], or as the argument of a callable ATTR'
+    ),
 )
 @run_dir_option
 @click.option(
@@ -68,10 +71,47 @@ def main() -> None:
     is_flag=True,
     help="do not trim large old tool results when resuming (trimming is on by default here)",
 )
+@click.option(
+    "--rounds",
+    type=int,
+    default=3,
+    show_default=True,
+    metavar="N",
+    help="starter flow: work rounds in all (each judged in a fresh session); 0 and 1 mean one",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="starter flow: how long a question waits for you; 0 (or less) = unattended, "
+    "every question falls through at once and the agent decides",
+)
+@click.option(
+    "--no-goal",
+    is_flag=True,
+    help="starter flow: no 目标.md and no judge; the run is done when the work step is",
+)
 def start(
-    ask: str, flow_ref: str | None, run_dir: Path, workspace: Path | None, new: bool, no_trim: bool
+    ask: str,
+    flow_ref: str | None,
+    run_dir: Path,
+    workspace: Path | None,
+    new: bool,
+    no_trim: bool,
+    rounds: int,
+    timeout_s: float,
+    no_goal: bool,
 ) -> None:
     """Start (or carry on) a flow. ASK is what you want done; nothing = carry on.
+
+    Without --flow it runs the starter flow: 确认需求 (asks until the requirement is clear,
+    frozen as .flower/notes/需求.md), 设定目标 (a goal with a checklist, .flower/notes/目标.md),
+    干活 (a coordinator with a coder), judged after every round by a judge in a new session.
+    Run again with a sentence and it is added to 需求.md, the goal is derived again and the
+    work carries on in the same session; run again with nothing and it simply carries on.
 
     \b
     Examples:
@@ -92,7 +132,7 @@ def start(
     Exit status: 0 finished, 1 a step failed, 2 a mistake (one line with a hint),
     130 after Ctrl-C twice.
     """
-    from .flows import default_flow, load_flow
+    from .flows import load_flow, starter
     from .start import StartArgs, run_start
     from .terminal import Terminal
 
@@ -103,7 +143,12 @@ def start(
                 f"workspace {ws} is not a directory", hint="create it first or pass -w DIR"
             )
         check_run_dir(run_dir)
-        wf = load_flow(flow_ref, ask) if flow_ref else default_flow(ask)
+        if flow_ref:
+            wf = load_flow(flow_ref, ask)
+        else:
+            wf = starter(
+                ask, ws, run_dir, new=new, rounds=rounds, timeout_s=timeout_s, goal=not no_goal
+            )
         args = StartArgs(
             ask=ask,
             workspace=ws.resolve(),
@@ -111,6 +156,7 @@ def start(
             new=new,
             trim=not no_trim,
             command=_resume_command(flow_ref, run_dir, workspace),
+            archive=bool(flow_ref),
         )
         code = run_start(wf, args, Terminal())
     except FlowerError as exc:

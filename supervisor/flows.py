@@ -1,4 +1,4 @@
-"""Resolving the Workflow a start runs: a user flow by reference, or the built-in one.
+"""Resolving the Workflow a start runs: a user flow by reference, or the starter flow.
 
 ``--flow path/to/file.py:attr`` or ``--flow package.module:attr``; ``attr`` names a
 ``Workflow`` or a callable returning one (called with the ask when it takes an argument).
@@ -17,30 +17,35 @@ from typing import Any
 
 import flower
 from flower import ConfigError
-from flower.core.agent import AgentSpec
-from flower.workflow import Step, Workflow
-
-WORK_STEP = "干活"
-DEFAULT_FLOW = "flower"
-WORKER_TOOLS = ["Read", "Write", "Edit", "Bash", "Glob", "Grep"]
-CARRY_ON = "接着上次没做完的做。先看一眼工作区里已经有的东西,从断的地方接着来,不要重头来过。"
+from flower.workflow import Workflow
+from flower.workflow.starter import starter_flow
 
 
-def default_flow(ask: str) -> Workflow:
-    """The flow a bare ``flower-super start "do X"`` runs: one working step, continuous.
-
-    Waking with nothing said carries on; waking with a sentence sends that sentence to the
-    same session.
-    """
-    worker = AgentSpec(
-        name="worker",
-        instructions="你负责实现。每改一处就跑一次验证,别攒到最后。",
-        allowed_tools=list(WORKER_TOOLS),
-        permission_mode="acceptEdits",
-    )
-    said = ask.strip()
-    step = Step(WORK_STEP, worker, said or CARRY_ON, resume_prompt=said or CARRY_ON)
-    return Workflow([step], name=DEFAULT_FLOW)
+def starter(
+    ask: str,
+    workspace: Path,
+    run_dir: Path,
+    *,
+    new: bool,
+    rounds: int,
+    timeout_s: float,
+    goal: bool = True,
+) -> Workflow:
+    """The starter flow a bare ``flower-super start`` runs; its refusals are one line."""
+    try:
+        return starter_flow(
+            ask,
+            workspace=workspace,
+            run_dir=run_dir,
+            new=new,
+            rounds=rounds,
+            goal=goal,
+            timeout_s=max(0.0, timeout_s),
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            str(exc), hint='for example: flower-super start "写个 md 转 html 的脚本"'
+        ) from None
 
 
 def load_flow(ref: str, ask: str = "") -> Workflow:

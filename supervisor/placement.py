@@ -35,6 +35,7 @@ import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -376,7 +377,10 @@ class Forked:
         """Put the question to the person while the child's frames keep being read."""
 
         async def answer() -> None:
-            text = await self.ask(question) if self.ask else None
+            if question.channel:
+                text: str | None = await _serve_channel(question)
+            else:
+                text = await self.ask(question) if self.ask else None
             state = "answered" if text is not None else "closed"
             child.send(Answer(id=question.id, state=state, text=text))
 
@@ -528,6 +532,17 @@ class Forked:
             self.children.pop(child.pid, None)
             child.close()
             shutil.rmtree(child.tmp, ignore_errors=True)
+
+
+async def _serve_channel(question: Ask) -> str:
+    """A child's HumanChannel tool call, handled by the supervisor's copy of that channel."""
+    from flower.core.human import find_channel
+
+    channel = find_channel(question.channel)
+    if channel is None:
+        return f"(flower: no HumanChannel {question.channel!r} in the supervisor; go on without)"
+    args: dict[str, Any] = {"question": question.question, "options": list(question.options)}
+    return await channel.serve(question.kind, args)
 
 
 def _runs_python(spec: AgentSpec) -> bool:

@@ -43,6 +43,7 @@ class StartArgs:
     new: bool
     trim: bool
     command: list[str]
+    archive: bool = True  # --new archives here (the starter flow archives on its own)
 
 
 def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
@@ -59,17 +60,22 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         workbench=wf.workbench if wf.workbench is not None else Workbench(args.workspace),
         placement=Forked(ask=term.ask),
     )
-    if args.new:
-        _archive(rt, term)
+    term.channel = wf.channel
+    if args.new and args.archive:
+        _archive(rt, wf, term)
     try:
         return asyncio.run(_main(wf, rt, args, term))
     finally:
         rt.close()
 
 
-def _archive(rt: Runtime, term: Terminal) -> None:
-    archive = rt.workspace / ".flower" / "notes" / "archive"
-    into = rt.lineage().archive(archive, extra=[rt.workspace / n for n in ARCHIVE_EXTRA])
+def _archive(rt: Runtime, wf: Workflow, term: Terminal) -> None:
+    """``--new`` for a flow of the person's own: lineage.json and the frozen 需求.md/目标.md
+    (in the flow's workbench notes, or at the workspace root) move to notes/archive/<ts>/."""
+    notes = wf.workbench.notes if isinstance(wf.workbench, Workbench) else None
+    notes = notes or Workbench(rt.workspace).notes
+    extra = [d / n for d in (notes, rt.workspace) for n in ARCHIVE_EXTRA]
+    into = rt.lineage().archive(notes / "archive", extra=extra)
     if into.exists():
         term.say(f"-- 重开一件事:上次的血缘和冻结件已归档到 {into}")
 
@@ -85,12 +91,17 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
             on_step=lambda s, r: term.step_done(r),
             command=args.command,
             new=args.new,
+            ask=args.ask,
         )
     finally:
         await rt.drain()
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
-        term.say(f"-- 没跑完:{', '.join(failed) or '?'} 失败。在同一个目录再跑一次会从这里接着做。")
+        stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
+        result = ctx["_results"].get(stopped)
+        why = ctx.get("_aborted") or (result.error if result is not None else "") or "没通过"
+        term.say(f"在步骤 '{stopped}' 中止:{why}")
+        term.say("-- 在同一个目录再跑一次会从这里接着做。")
         return 1
     term.say(f"-- 完成 · 第 {ctx['_woke']} 次唤醒 · run {rt.run_id}")
     return 0
@@ -138,7 +149,7 @@ class SignalDesk:
     async def _interrupt(self) -> None:
         """Ctrl-C once: the step loop stops what is in flight (an attempt in its child, or a
         wait between attempts) and resumes the same session with what the person says."""
-        await self.rt.interrupt(None)
+        await self.rt.request_interrupt(None)
         self.term.say("")
         said = await self.term.read_line(
             "打断了。想说点什么就打一句,回车 = 直接接着做(再按一次 Ctrl-C 退出)\n> "

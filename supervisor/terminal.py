@@ -31,6 +31,8 @@ class Terminal:
         self.stdin_fd = stdin_fd
         self.woke = 1
         self._reused: set[str] = set()
+        self.channel: Any = None  # the flow's HumanChannel: its questions are answered here
+        self._asking: set[asyncio.Task[None]] = set()
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -41,7 +43,8 @@ class Terminal:
         """seed 000: report the wake, or "does it remember?" is invisible."""
         p = ev.payload
         self.woke = int(p.get("woke", 1))
-        parts = [f"{name}上下文 {kilo(n)}" for name, n in (p.get("contexts") or {}).items() if n]
+        parts = [str(x) for x in p.get("lead") or []]
+        parts += [f"{name}上下文 {kilo(n)}" for name, n in (p.get("contexts") or {}).items() if n]
         parts.append(f"第 {self.woke} 次唤醒")
         self.say(f"<- 在 {_home(str(p.get('workspace', '')))} 接上上次  " + " · ".join(parts))
 
@@ -100,6 +103,35 @@ class Terminal:
             where = p.get("path") or "(没有工作台,未落盘)"
             kind = "降级交接书" if p.get("degraded") else "交接书"
             self.say(f"  … {kind}已写好:{where},新会话接手")
+
+    def _ev_ask(self, ev: Event) -> None:
+        """A question from the flow's HumanChannel (or something the person said)."""
+        p = ev.payload
+        if p.get("kind") == "mail":
+            self.say(f"  ~ 你说:{ev.text}")
+            return
+        if p.get("state") != "asked":  # answered at once (unattended, quota used up …)
+            self.say(f"? {ev.text}  ({p.get('state')})")
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(ev))
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+
+    async def _answer(self, ev: Event) -> None:
+        options = [str(o) for o in ev.payload.get("options") or []]
+        self.say(f"? {ev.text}")
+        for i, opt in enumerate(options, 1):
+            self.say(f"  {i}. {opt}")
+        line = await self.read_line("> (回车 = 跳过,让它自己判断) ")
+        ch, qid = self.channel, str(ev.payload.get("id", ""))
+        if ch is None:
+            return
+        if not line:
+            ch.decline(qid)
+        elif options and line.isdigit() and 1 <= int(line) <= len(options):
+            ch.answer(qid, options[int(line) - 1])
+        else:
+            ch.answer(qid, line)
 
     def step_done(self, result: StepResult) -> None:
         if result.step in self._reused:

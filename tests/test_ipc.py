@@ -168,7 +168,7 @@ MALFORMED: list[tuple[str, bytes | str, str]] = [
     ),
     (
         "list with int",
-        _line(v=1, type="ask", id="q", question="?", options=["a", 1], kind="k"),
+        _line(v=1, type="ask", id="q", question="?", options=["a", 1], kind="k", channel=""),
         "'options' must be a list of strings",
     ),
     (

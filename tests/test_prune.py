@@ -386,7 +386,7 @@ def test_the_runtimes_store(
     assert isinstance(store, PruningSessionStore)
     assert store.path == tmp_path / "runs" / "sessions.db" and store.workspace == tmp_path
     assert (store.policy.enabled, store.ephemeral.enabled) == (trim_on, ephemeral_on)
-    assert store.prune == PrunePolicy(keep_denials=3)  # pruning always on
+    assert store.prune_policy == PrunePolicy(keep_denials=3)  # pruning always on
     mine = TrimPolicy(keep_recent=3)
     assert open_store(SimpleNamespace(**{**vars(rt), "trim": mine})).policy is mine
 

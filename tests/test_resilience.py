@@ -21,6 +21,12 @@ from flower.core.resilience import (
     wait_jittered_exponential,
 )
 
+
+def probe(host: str, port: int, timeout: float = 5.0) -> bool:
+    """The public, async ``reachable`` as a test calls it."""
+    return asyncio.run(reachable(host, port, timeout=timeout))
+
+
 # Texts the real CLI produces (DESIGN.md, "Facts measured"; issue 4).
 CONNECTION_REFUSED = "API Error: Connection refused - server may be down"
 OVERLOADED = (
@@ -256,8 +262,8 @@ def test_endpoint_follows_base_url(
 
 
 def test_reachable_against_a_listening_socket(listening_port: int) -> None:
-    assert reachable("127.0.0.1", listening_port, timeout=2.0) is True
-    assert reachable("localhost", listening_port, timeout=2.0) is True
+    assert probe("127.0.0.1", listening_port, timeout=2.0) is True
+    assert probe("localhost", listening_port, timeout=2.0) is True
 
 
 def test_unreachable_closed_port_and_bad_names_fail_fast(
@@ -265,10 +271,10 @@ def test_unreachable_closed_port_and_bad_names_fail_fast(
 ) -> None:
     _, port = closed_port
     started = time.monotonic()
-    assert reachable("127.0.0.1", port, timeout=2.0) is False
-    assert reachable("nonexistent.invalid", 443, timeout=2.0) is False  # RFC 6761: never resolves
-    assert reachable("", 443, timeout=2.0) is False
-    assert reachable("127.0.0.1", 70000, timeout=2.0) is False  # bad port: False, not a crash
+    assert probe("127.0.0.1", port, timeout=2.0) is False
+    assert probe("nonexistent.invalid", 443, timeout=2.0) is False  # RFC 6761: never resolves
+    assert probe("", 443, timeout=2.0) is False
+    assert probe("127.0.0.1", 70000, timeout=2.0) is False  # bad port: False, not a crash
     assert time.monotonic() - started < 8.0
 
 
@@ -282,7 +288,7 @@ def test_reachable_is_bounded_when_the_resolver_hangs(monkeypatch: pytest.Monkey
     monkeypatch.setattr(socket, "getaddrinfo", hanging_getaddrinfo)
     started = time.monotonic()
     try:
-        assert reachable("api.anthropic.com", 443, timeout=0.3) is False
+        assert probe("api.anthropic.com", 443, timeout=0.3) is False
         assert time.monotonic() - started < 3.0
     finally:
         release.set()

@@ -272,7 +272,7 @@ def test_the_network_is_waited_for_before_the_retry(make):
 
 def test_an_interrupt_resumes_with_the_sentence_and_uses_no_attempt(make):
     async def interrupted(rt: Scripted) -> StepResult:
-        await rt.interrupt("先写测试")
+        await rt.request_interrupt("先写测试")
         return fail("s1", "[ede_diagnostic] result_type=user")
 
     rt = make([interrupted, ok("s1")])
@@ -286,7 +286,7 @@ def test_an_interrupt_resumes_with_the_sentence_and_uses_no_attempt(make):
 
 def test_an_interrupt_waits_for_the_reply(make):
     async def interrupted(rt: Scripted) -> StepResult:
-        await rt.interrupt(None)
+        await rt.request_interrupt(None)
         asyncio.get_running_loop().call_later(0.05, rt.reply, "晚到的一句")
         return fail("s1", "aborted")
 
@@ -301,7 +301,7 @@ def test_a_reply_that_arrives_before_its_interrupt_is_kept(make):
     # handled at once, the interrupt only scheduled.
     async def interrupted(rt: Scripted) -> StepResult:
         rt.reply("抢先到的一句")
-        await rt.interrupt(None)
+        await rt.request_interrupt(None)
         return fail("s1", "aborted")
 
     rt = make([interrupted, ok("s1")])
@@ -311,7 +311,7 @@ def test_a_reply_that_arrives_before_its_interrupt_is_kept(make):
 
 def test_an_interrupt_with_nothing_said_sends_only_the_note(make):
     async def interrupted(rt: Scripted) -> StepResult:
-        await rt.interrupt("")
+        await rt.request_interrupt("")
         return fail("s1", "aborted")
 
     rt = make([interrupted, ok("s1")])
@@ -320,7 +320,7 @@ def test_an_interrupt_with_nothing_said_sends_only_the_note(make):
 
 def test_an_interrupt_before_any_session_stops_the_step(make):
     async def interrupted(rt: Scripted) -> StepResult:
-        await rt.interrupt("停")
+        await rt.request_interrupt("停")
         return fail(None, "aborted")
 
     rt = make([interrupted])
@@ -339,7 +339,7 @@ def test_an_interrupt_during_the_network_wait_ends_it_and_brings_the_sentence(ma
         step = asyncio.ensure_future(rt.run(SPEC, "do it", step_name="s"))
         while net.probes < 3:  # noqa: ASYNC110 - a counter the code under test bumps
             await asyncio.sleep(0.01)
-        await rt.interrupt("网络好了再说,先改 README")
+        await rt.request_interrupt("网络好了再说,先改 README")
         return await step
 
     res = asyncio.run(go())
@@ -477,7 +477,7 @@ def test_max_generations_without_a_workbench_says_nothing_was_saved(make):
 
 def test_an_interrupt_while_the_handoff_is_written_goes_to_the_successor(make):
     async def interrupted_handoff(rt: Scripted) -> StepResult:
-        await rt.interrupt("换个思路")
+        await rt.request_interrupt("换个思路")
         return ok("old", HANDOFF_TEXT)
 
     rt = make([crossing("old"), interrupted_handoff, ok("new")])

@@ -145,15 +145,17 @@ def test_sidecar_and_list_sessions_share_one_clock(store: SqliteSessionStore) ->
 
 
 def test_has_session(store: SqliteSessionStore) -> None:
-    assert not store.has_session("sess")
+    assert not store.has_session(None, "sess")
     asyncio.run(store.append({**KEY, "session_id": "only-sub", "subpath": "subagents/a"}, [e(1)]))
-    assert not store.has_session("only-sub")  # a subagent transcript is not a session to resume
+    assert not store.has_session(
+        None, "only-sub"
+    )  # a subagent transcript is not a session to resume
     asyncio.run(store.append(KEY, [e(1)]))
-    assert store.has_session("sess")
-    assert store.has_session("sess", project_key="proj")
-    assert not store.has_session("sess", project_key="elsewhere")
+    assert store.has_session(None, "sess")
+    assert store.has_session("proj", "sess")
+    assert not store.has_session("elsewhere", "sess")
     asyncio.run(store.delete(KEY))
-    assert not store.has_session("sess")
+    assert not store.has_session(None, "sess")
 
 
 def test_a_reopened_store_sees_old_data(tmp_path: Path) -> None:
@@ -164,7 +166,7 @@ def test_a_reopened_store_sees_old_data(tmp_path: Path) -> None:
     first.close()
     second = SqliteSessionStore(db)
     assert second.load_sync(KEY) == [e(1, customTitle="kept"), e(2)]
-    assert second.has_session("sess")
+    assert second.has_session(None, "sess")
     assert asyncio.run(second.list_sessions("proj")) == listed
     summary = asyncio.run(second.list_session_summaries("proj"))[0]
     assert summary["data"]["custom_title"] == "kept"
@@ -352,7 +354,7 @@ def test_a_forked_child_appends_through_the_inherited_store(store: SqliteSession
 
     def child() -> None:
         asyncio.run(store.append(KEY, [e(2)]))
-        assert store.has_session("sess")
+        assert store.has_session(None, "sess")
 
     _in_child(child)
     asyncio.run(store.append(KEY, [e(3)]))

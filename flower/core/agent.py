@@ -173,7 +173,8 @@ def build_options(
     SDK batches per query otherwise, and a step killed with -9 mid-turn would then have
     nothing in sessions.db to resume from. ``portable=True`` keeps the user's and the
     project's Claude settings files out (``setting_sources=[]``), so a flow behaves the same
-    on every machine. ``hooks`` are extra hook matchers merged after ``spec.hooks``.
+    on every machine; ``portable=False`` reads the project's only (``["project"]``), never
+    the host's ``~/.claude``. ``hooks`` are extra hook matchers merged after ``spec.hooks``.
     ``add_dirs`` are more directories the CLI may read and write (a workbench that lives
     outside the workspace); ``prelude`` is a block appended after the instructions (the
     workbench's index). ``use_plugin`` is seed 003's switch for a Claude Code plugin shipped
@@ -209,7 +210,7 @@ def build_options(
         fork_session=fork,
         resume_session_at=resume_at,
         add_dirs=list(add_dirs or []),
-        setting_sources=[] if portable else None,
+        setting_sources=[] if portable else ["project"],
     )
 
 

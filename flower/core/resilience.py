@@ -2,9 +2,11 @@
 
 Seed 000 (韧性) is the contract. Three ideas:
 
-- The probe is DNS plus one TCP handshake (:func:`reachable`), never HTTP, never a credential,
-  never a cent. It probes whatever ``ANTHROPIC_BASE_URL`` names (:func:`endpoint`): when the
-  person uses their own gateway, api.anthropic.com being up says nothing about the gateway.
+- The probe is DNS plus one TCP handshake (:func:`reachable`, awaitable, as the reference has
+  it; :func:`reachable_sync` is the same probe for callers outside an event loop), never
+  HTTP, never a credential, never a cent. It probes whatever ``ANTHROPIC_BASE_URL`` names
+  (:func:`endpoint`): when the person uses their own gateway, api.anthropic.com being up
+  says nothing about the gateway.
 - :func:`classify` sorts an error text into ``"transient"`` / ``"fatal"`` / ``"unknown"`` and
   checks *fatal first*: a 401's text often also says "connection", and the wrong order would
   wait an hour on a revoked key.
@@ -114,13 +116,14 @@ _TRANSIENT = re.compile(
 )
 
 
-def classify(text: str) -> str:
+def classify(text: str | None) -> str:
     """Sort an error text into ``"transient"``, ``"fatal"`` or ``"unknown"``.
 
-    Fatal is checked first: an authentication, permission or billing failure whose text also
-    mentions a connection is still fatal. A context overflow ("Prompt is too long", …) is fatal
-    *for retrying* (the same prompt cannot fit next time); the runtime checks
-    :func:`flower.util.overflow.is_overflow` before calling this and hands off instead.
+    Empty or None is ``"unknown"``. Fatal is checked first: an authentication, permission or
+    billing failure whose text also mentions a connection is still fatal. A context overflow
+    ("Prompt is too long", …) is fatal *for retrying* (the same prompt cannot fit next time);
+    the runtime checks :func:`flower.util.overflow.is_overflow` before calling this and hands
+    off instead.
     """
     text = text or ""
     if is_overflow(text) or _FATAL.search(text):
@@ -148,8 +151,18 @@ def endpoint() -> tuple[str, int]:
     return parts.hostname or urlsplit(DEFAULT_BASE_URL).hostname or "", port
 
 
-def reachable(host: str, port: int, timeout: float = 5.0) -> bool:
+async def reachable(host: str, port: int, timeout: float = 5.0) -> bool:  # noqa: ASYNC109
     """True if ``host:port`` resolves and accepts one TCP handshake within ``timeout`` seconds.
+
+    :func:`reachable_sync` in a worker thread, so the event loop keeps serving meanwhile.
+    ``timeout`` is the reference's parameter: the probe bounds itself (the resolver has no
+    timeout of its own, so ``asyncio.timeout`` around it could not stop it).
+    """
+    return await asyncio.to_thread(reachable_sync, host, port, timeout)
+
+
+def reachable_sync(host: str, port: int, timeout: float = 5.0) -> bool:
+    """:func:`reachable` for callers outside an event loop (or that must not start a thread).
 
     No HTTP, no credentials. Addresses are tried in resolver order until one connects, all
     within the one deadline. Any exception means unreachable.
@@ -258,17 +271,22 @@ class Resilience:
         """The backoff as a tenacity wait strategy (built from the current fields)."""
         return wait_jittered_exponential(self.base_delay, self.max_delay)
 
-    def delay_for(self, n: int) -> float:
-        """Seconds to sleep after failed attempt ``n`` (1-based), jitter included."""
-        return self.wait.for_attempt(n)
+    def delay_for(self, attempt: int) -> float:
+        """Seconds to sleep after failed attempt ``attempt`` (1-based), jitter included."""
+        return self.wait.for_attempt(attempt)
 
-    def classify(self, text: str) -> str:
+    def classify(self, text: str | None) -> str:
         """:func:`classify` (fatal before transient)."""
         return classify(text)
 
-    def should_retry(self, text: str) -> bool:
-        """Transient → True, fatal → False, unknown → ``retry_unknown``."""
-        kind = classify(text)
+    def should_retry(self, kind: str) -> bool:
+        """Transient → True, fatal → False, unknown → ``retry_unknown``.
+
+        ``kind`` is what :func:`classify` returns; any other text is an error text and is
+        classified first, so ``should_retry(result.error)`` works as well.
+        """
+        if kind not in (TRANSIENT, FATAL, UNKNOWN):
+            kind = classify(kind)
         return kind == TRANSIENT or (kind == UNKNOWN and self.retry_unknown)
 
     def endpoint(self) -> tuple[str, int]:
@@ -276,23 +294,42 @@ class Resilience:
         return endpoint()
 
     def reachable(self) -> bool:
-        """Probe :meth:`endpoint` with ``probe_timeout``."""
+        """Probe :meth:`endpoint` with ``probe_timeout`` (synchronously, in this thread)."""
         host, port = self.endpoint()
-        return reachable(host, port, self.probe_timeout)
+        return reachable_sync(host, port, self.probe_timeout)
 
-    async def wait_online(self, *, on_wait: Callable[[float], None] | None = None) -> bool:
+    async def wait_online(
+        self,
+        notify: Callable[[str], None] | None = None,
+        *,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> bool:
         """Return True as soon as the endpoint answers, False after ``max_offline_wait``.
 
         The first probe happens at once; then one every ``probe_interval`` seconds, the last
-        on the deadline. ``on_wait(elapsed_seconds)`` is called after every failed probe. Probes
-        run in a worker thread, so the event loop keeps serving (interrupts, other steps).
+        on the deadline. ``notify(line)`` is called once when the first probe fails and once
+        when the endpoint answers again; ``on_wait(elapsed_seconds)`` after every failed
+        probe. Probes run in a worker thread, so the event loop keeps serving (interrupts,
+        other steps).
         """
         started = time.monotonic()
+        failed = False
 
         async def probe() -> bool:
+            nonlocal failed
             ok = await asyncio.to_thread(self.reachable)
-            if not ok and on_wait is not None:
-                on_wait(time.monotonic() - started)
+            if not ok:
+                if not failed and notify is not None:
+                    host, port = self.endpoint()
+                    notify(
+                        f"{host}:{port} 连不上,等网络恢复(最多等 {self.max_offline_wait:.0f} 秒)"
+                    )
+                failed = True
+                if on_wait is not None:
+                    on_wait(time.monotonic() - started)
+            elif failed and notify is not None:
+                host, port = self.endpoint()
+                notify(f"{host}:{port} 又连得上了,接着做")
             return ok
 
         retrying = tenacity.AsyncRetrying(
@@ -334,5 +371,6 @@ __all__ = [
     "classify",
     "endpoint",
     "reachable",
+    "reachable_sync",
     "wait_jittered_exponential",
 ]

@@ -38,7 +38,7 @@ class StepResult:
 
     @property
     def duration_s(self) -> float:
-        return max(0.0, self.ended_at - self.started_at) if self.ended_at else 0.0
+        return round(max(0.0, self.ended_at - self.started_at), 2) if self.ended_at else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Every dataclass field (``asdict`` does not see ``duration_s``)."""

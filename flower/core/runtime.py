@@ -10,6 +10,7 @@ lineage, the manifest, the registry record, interrupts — is the same for both.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -27,7 +28,7 @@ from .inprocess import InProcess
 from .interrupts import Interrupts
 from .lineage import LINEAGE_NAME, Lineage
 from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop, handoff_fields
-from .manifest import Manifest
+from .manifest import MANIFEST_NAME, Manifest
 from .placement import Placement, Seat
 from .registry import FlowerRecord, Registry, new_run_id, process_started
 from .resilience import Resilience
@@ -75,6 +76,8 @@ class Runtime:
         self.placement: Placement = placement or InProcess()
         self.run_id = new_run_id()
         self.results: list[StepResult] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._interrupting: set[asyncio.Task[None]] = set()
         self.on_session: Callable[[str], None] | None = None
         self.record: FlowerRecord | None = None
         self.interrupts = Interrupts()
@@ -125,7 +128,27 @@ class Runtime:
         store raises: a store that cannot answer is not a session that is gone."""
         from claude_agent_sdk import project_key_for_directory
 
-        return bool(self.store.has_session(session_id, project_key_for_directory(self.workspace)))
+        return bool(self.store.has_session(project_key_for_directory(self.workspace), session_id))
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.run_dir / MANIFEST_NAME
+
+    @property
+    def project_key(self) -> str:
+        """The SDK's key for this workspace's sessions (derived from the path: moving the
+        workspace loses them)."""
+        from claude_agent_sdk import project_key_for_directory
+
+        return str(project_key_for_directory(self.workspace))
+
+    def context_of(self, session_id: str) -> int:
+        """The context size of ``session_id``'s last turn (what the handoff is judged by)."""
+        return self.session_context(session_id)
+
+    def total_cost(self) -> float:
+        """What the steps this process ran cost, in US dollars."""
+        return round(sum(r.cost_usd for r in self.results), 4)
 
     def session_context(self, session_id: str) -> int:
         """The context size of ``session_id``'s last main-thread turn, read from sessions.db."""
@@ -217,6 +240,7 @@ class Runtime:
         on_event: OnEvent | None = None,
     ) -> StepResult:
         """Run one step to its result (one manifest row), retrying inside as seed 003 says."""
+        self._loop = asyncio.get_running_loop()
         call = StepCall(spec, prompt, step_name or spec.name, resume, fork, resume_at)
         self.note(step=call.label, session_id=call.resume, attempt=1)
         loop = StepLoop(
@@ -288,12 +312,31 @@ class Runtime:
 
     # -- interrupts -------------------------------------------------------------------
 
-    async def interrupt(self, text: str | None = None) -> None:
-        """Cooperative interrupt at a message boundary (Ctrl-C once).
+    def interrupt(self, message: str | None = "") -> None:
+        """Interrupt the current turn at a message boundary; callable from any thread.
 
-        ``text`` is what the person said; when None the loop waits for :meth:`reply`.
+        ``message`` is what the person says; the same session resumes with it (followed by
+        :attr:`INTERRUPT_NOTE`). ``""`` interrupts without saying anything; None makes the
+        loop wait for :meth:`reply` (the terminal asks for the sentence afterwards). Nothing
+        happens when no step of this Runtime is running.
         """
-        await self.interrupts.request(text)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            task = loop.create_task(self.interrupts.request(message))
+            self._interrupting.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(self._interrupting.discard)
+        else:
+            asyncio.run_coroutine_threadsafe(self.interrupts.request(message), loop)
+
+    async def request_interrupt(self, message: str | None = None) -> None:
+        """:meth:`interrupt` from the Runtime's own loop, returning once it is delivered."""
+        await self.interrupts.request(message)
 
     def reply(self, text: str | None) -> None:
         """What the person typed after an interrupt (None: nothing, just carry on)."""

@@ -33,8 +33,9 @@ HEADINGS: dict[str, str] = {name: aliases[0] for name, aliases in SECTIONS.items
 REQUIRED = ("doing", "next")
 
 # to_markdown() writes this for an empty section; a person editing the file who leaves it in
-# place has still not filled the section.
-PLACEHOLDER = "(未填)"
+# place has still not filled the section. Files written before it was "(空)" hold "(未填)".
+PLACEHOLDER = "(空)"
+_PLACEHOLDERS = (PLACEHOLDER, "(未填)")
 DEGRADED_SCENE_CHARS = 1200
 
 _ALIAS_TO_FIELD = {a.lower(): name for name, aliases in SECTIONS.items() for a in aliases}
@@ -92,8 +93,11 @@ class Handoff:
     path: Path | None = field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, text: str) -> Handoff:
+    def parse(cls, text: str, *, step: str = "") -> Handoff:
         """Read a handoff out of a model's reply (or a file), tolerating the usual mess.
+
+        ``step`` names the step it belongs to (only the title uses it); without it, the step
+        is the one a ``# 交接书 · <step>`` title names, if any.
 
         Headings may be ``## 下一步``, ``**下一步**``, ``下一步:`` / ``下一步：``, ``1. 下一步``
         or an alias, and may carry text on the same line. A section given twice keeps the first
@@ -104,7 +108,7 @@ class Handoff:
         chunks: dict[str, list[list[str]]] = {}
         current: list[str] | None = None
         current_name = ""
-        step = ""
+        titled = ""
         for line, literal in _lines(_unwrap_whole(text or "")):
             m = None if literal else _HEADING.match(line)
             name = _ALIAS_TO_FIELD[m["title"].lower()] if m else ""
@@ -116,7 +120,7 @@ class Handoff:
             elif current is not None:
                 current.append(line)
             elif not literal and (t := _TITLE.match(line)):
-                step = t["step"] or ""
+                titled = t["step"] or ""
         found = {name: _first_filled(copies) for name, copies in chunks.items()}
         return cls(
             doing=found.get("doing", ""),
@@ -124,7 +128,7 @@ class Handoff:
             deadends=found.get("deadends", ""),
             next=found.get("next", ""),
             scene=found.get("scene", ""),
-            step=step,
+            step=step or titled,
         )
 
     def missing(self) -> list[str]:
@@ -290,7 +294,7 @@ def _unwrap_whole(text: str) -> str:
 def _first_filled(copies: list[list[str]]) -> str:
     for lines in copies:
         body = "\n".join(lines).strip()
-        if body and body != PLACEHOLDER:
+        if body and body not in _PLACEHOLDERS:
             return body
     return ""
 

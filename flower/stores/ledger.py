@@ -246,7 +246,7 @@ class ToolLedger:
         self._kept.add(session_id)  # waited for once, whatever comes of it
         while True:
             try:
-                if self.store.has_session(session_id):
+                if self.store.has_session(None, session_id):
                     return
             except Exception as exc:  # noqa: BLE001 - the call goes on; said once
                 self._warn(f"sessions.db could not be read: {exc}")
@@ -460,7 +460,7 @@ def fill(
     missing = [t for t in open_ids if t not in answered and t in calls]
     for n in sorted({uses[t] for t in missing}, reverse=True):
         group = [t for t in missing if uses[t] == n]
-        count += _insert_after_response(entries, n, [(t, calls[t]) for t in group])
+        count += insert_after_response(entries, n, [(t, calls[t]) for t in group])
     return count
 
 
@@ -499,7 +499,7 @@ def _restore_lost(entries: list[Entry], ledger: Calls) -> int:
             at = next(n for n, e in enumerate(entries) if e.get("parentUuid") in mine)
             episodes.append((at, run))
             run = []
-    leaf_time = _epoch(chain[-1].get("timestamp"))
+    leaf_time = timestamp_epoch(chain[-1].get("timestamp"))
     if run and leaf_time is not None:
         fresh = [c for c in run if c.started_at >= leaf_time - _CLOCK_SLACK_S]
         if fresh:
@@ -580,7 +580,7 @@ _CHAIN_TYPES = ("user", "assistant", "attachment", "system")
 _CLOCK_SLACK_S = 1.0
 
 
-def _epoch(stamp: Any) -> float | None:
+def timestamp_epoch(stamp: Any) -> float | None:
     if not isinstance(stamp, str):
         return None
     try:
@@ -636,7 +636,7 @@ def _result_of(call: Call) -> tuple[Any, bool]:
     return NOT_FINISHED_TEXT, True
 
 
-def _insert_after_response(entries: list[Entry], n: int, calls: list[tuple[str, Call]]) -> int:
+def insert_after_response(entries: list[Entry], n: int, calls: list[tuple[str, Call]]) -> int:
     """Insert one result entry per call after the last entry of entry ``n``'s response,
     chained one after the other; whatever hung off that entry now hangs off the last one."""
     use_entry = entries[n]

@@ -32,7 +32,14 @@ repair run on the transcript; SQLite keeps every original byte:
    them teach helplessness (a coordinator that read a few refusals stopped trying even the
    ``git status`` it was allowed); but the latest one stops the model from retrying the
    same refused call straight away.
-4. **Relinking.** The transcript is a ``parentUuid`` chain (a tree with parallel tool
+4. **Orphans healed.** A ``tool_use`` with no ``tool_result`` anywhere (and none the tool
+   ledger recorded) gets one, :attr:`PrunePolicy.orphan_text`, in a ``user`` entry right
+   after its response; what hung off that response hangs off the new entry. The API wants
+   every call answered, so such a hole in the middle of a history bounces every resume.
+   The calls of the transcript's *last* response are left alone: resuming, the CLI answers
+   those itself (``[Tool call interrupted: …]``, rule 2 then neutralises it; measured,
+   fixture b), and a killed session that was never resumed is exactly that case.
+5. **Relinking.** The transcript is a ``parentUuid`` chain (a tree with parallel tool
    calls: each result hangs off its own ``tool_use`` entry). Every reference of a surviving
    entry to a removed one — ``parentUuid``, ``logicalParentUuid``, ``leafUuid``, a compact
    boundary's preserved segment — moves to the removed entry's nearest surviving ancestor;
@@ -47,11 +54,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
-from .ledger import ToolLedger, fill
+from .ledger import DONE, Call, ToolLedger, fill, insert_after_response, timestamp_epoch
 from .trim import (
     EphemeralPolicy,
     TrimmingSessionStore,
@@ -64,6 +71,7 @@ from .trim import (
 
 __all__ = [
     "INTERRUPTED_TEXT",
+    "ORPHAN_TEXT",
     "PrunePolicy",
     "PruningSessionStore",
     "is_api_error",
@@ -75,6 +83,7 @@ __all__ = [
 log = logging.getLogger("flower")
 
 INTERRUPTED_TEXT = "[上一轮在此处被中断,该工具结果未产生]"
+ORPHAN_TEXT = "[这一步被打断了,没有结果。需要的话重做。]"
 _STOPPED_WHILE_RUNNING = "Correction to the text above: this call was stopped while running"
 _INTERRUPTED_KINDS = ("interrupted", "cancelled")
 
@@ -85,12 +94,25 @@ Entry = dict[str, Any]
 class PrunePolicy:
     """What the pruning layer does at load (seed 000: keep_denials=1).
 
-    ``keep_denials`` < 1 drops every denied call. ``enabled=False`` skips the whole layer.
+    Each switch turns one rule of the module docstring on or off: ``drop_api_errors`` (1),
+    ``neutralize_interrupts`` (2, with ``interrupt_text``), ``keep_denials`` (3; < 1 drops
+    every denied call), ``heal_orphans`` (4, with ``orphan_text``). ``enabled=False``
+    skips the whole layer. ``interrupted_text`` is the earlier name of ``interrupt_text``,
+    still accepted by the constructor.
     """
 
+    drop_api_errors: bool = True
+    neutralize_interrupts: bool = True
+    interrupt_text: str = INTERRUPTED_TEXT
+    heal_orphans: bool = True
+    orphan_text: str = ORPHAN_TEXT
     keep_denials: int = 1
     enabled: bool = True
-    interrupted_text: str = INTERRUPTED_TEXT
+    interrupted_text: InitVar[str | None] = None
+
+    def __post_init__(self, interrupted_text: str | None) -> None:
+        if interrupted_text is not None:
+            self.interrupt_text = interrupted_text
 
 
 def is_api_error(entry: Entry) -> bool:
@@ -118,10 +140,16 @@ def is_denied(entry: Entry, block: dict[str, Any]) -> bool:
 class PruningSessionStore(TrimmingSessionStore):
     """The store a Runtime uses: pruning, then trimming, on top of SQLite.
 
-    ``prune`` defaults to ``PrunePolicy()``. ``last_report`` adds ``api_errors``,
-    ``interrupted``, ``denials`` (calls dropped) and ``relinked`` (references moved) to
-    the trimming layer's counts, and ``ledger`` (results the tool ledger supplied) when any
-    were. ``ledger`` is this store's :class:`~flower.stores.ledger.ToolLedger`.
+    ``prune`` defaults to ``PrunePolicy()`` and is kept as ``prune_policy``. Unlike the
+    trimming layer's, the fourth positional parameter is ``prune``; a call written for the
+    other order (``…, policy, ephemeral, prune``) is recognised by the policies' types and
+    still works, and a value of neither type is a ``TypeError``, not a silent mix-up.
+
+    ``last_report`` adds ``api_errors``, ``interrupted``, ``denials`` (calls dropped) and
+    ``relinked`` (references moved) to the trimming layer's counts, ``ledger`` (results the
+    tool ledger supplied) and ``healed`` (orphan calls answered) when any were. ``pruned``
+    is how many entries the last load dropped, ``denials_dropped`` how many denied calls.
+    ``ledger`` is this store's :class:`~flower.stores.ledger.ToolLedger`.
     """
 
     def __init__(
@@ -129,11 +157,14 @@ class PruningSessionStore(TrimmingSessionStore):
         path: str | Path,
         workspace: str | Path,
         policy: TrimPolicy | None = None,
-        ephemeral: EphemeralPolicy | None = None,
         prune: PrunePolicy | None = None,
+        ephemeral: EphemeralPolicy | None = None,
     ) -> None:
+        prune, ephemeral = _prune_and_ephemeral(prune, ephemeral)
         super().__init__(path, workspace, policy, ephemeral)
-        self.prune = prune if prune is not None else PrunePolicy()
+        self.prune_policy = prune if prune is not None else PrunePolicy()
+        self.pruned = 0
+        self.denials_dropped = 0
         self.ledger = ToolLedger(self)
 
     def reshape(self, entries: list[Entry]) -> list[Entry]:
@@ -141,35 +172,119 @@ class PruningSessionStore(TrimmingSessionStore):
         pruning, then the trimming layer's expiry and trimming."""
         report: dict[str, int] = {}
         entries = list(entries)
+        self.pruned = self.denials_dropped = 0
         try:
             supplied = fill(entries, self.ledger, is_interrupted)
             if supplied:
                 report["ledger"] = supplied
         except Exception as exc:  # noqa: BLE001 - the transcript as it is, said once
             log.warning("the tool ledger could not be read (%s); resuming without it", exc)
-        if self.prune.enabled:
-            entries = self.prune_entries(entries, report)
+        if self.prune_policy.enabled:
+            entries = self.prune(entries, report)
         out = super().reshape(entries)
         self.last_report = {**report, **self.last_report}
         return out
 
-    def prune_entries(
-        self, entries: list[Entry], report: dict[str, int] | None = None
-    ) -> list[Entry]:
-        """Apply the pruning rules to raw entries; counts go to ``report`` if given."""
+    def prune(self, entries: list[Entry], report: dict[str, int] | None = None) -> list[Entry]:
+        """Apply the pruning rules to raw entries; counts go to ``report`` if given.
+
+        Returns a new list; ``entries`` is not modified.
+        """
+        pol = self.prune_policy
         report = report if report is not None else {}
+        entries = list(entries)
+        if pol.heal_orphans:
+            healed = _heal_orphans(entries, pol.orphan_text)
+            if healed:
+                report["healed"] = healed
         out: list[Entry | None] = list(entries)
-        report["api_errors"] = _drop_api_errors(out)
+        report["api_errors"] = _drop_api_errors(out) if pol.drop_api_errors else 0
         # Denials are told apart from interruptions by the original text, so before it is
         # neutralised (flower's own interrupt is written as a "user-rejected" result).
-        report["denials"] = _drop_denials(out, self.prune.keep_denials)
-        report["interrupted"] = _neutralise_interrupted(out, self.prune.interrupted_text)
+        report["denials"] = _drop_denials(out, pol.keep_denials)
+        report["interrupted"] = (
+            _neutralise_interrupted(out, pol.interrupt_text) if pol.neutralize_interrupts else 0
+        )
         survivors = [e for e in out if e is not None]
+        self.pruned = len(entries) - len(survivors)
+        self.denials_dropped = report["denials"]
         gone = {u for e in entries if isinstance(u := e.get("uuid"), str)} - {
             e.get("uuid") for e in survivors
         }
         relinked, report["relinked"] = relink(survivors, entries, gone)
         return relinked
+
+
+def _prune_and_ephemeral(prune: Any, ephemeral: Any) -> tuple[PrunePolicy | None, Any]:
+    """``(prune, ephemeral)`` as given, or swapped when given in the trimming layer's order."""
+    if isinstance(prune, EphemeralPolicy) and (
+        ephemeral is None or isinstance(ephemeral, PrunePolicy)
+    ):
+        prune, ephemeral = ephemeral, prune
+    if prune is not None and not isinstance(prune, PrunePolicy):
+        raise TypeError(f"prune must be a PrunePolicy or None, not {type(prune).__name__}")
+    if ephemeral is not None and not isinstance(ephemeral, EphemeralPolicy):
+        raise TypeError(
+            f"ephemeral must be an EphemeralPolicy or None, not {type(ephemeral).__name__}"
+        )
+    return prune, ephemeral
+
+
+_CHAIN_TYPES = ("user", "assistant", "attachment", "system")
+
+
+def _message_id(entry: Entry) -> Any:
+    msg = entry.get("message")
+    return msg.get("id") if isinstance(msg, dict) else None
+
+
+def _heal_orphans(entries: list[Entry], text: str) -> int:
+    """Answer, in place, every ``tool_use`` that has no ``tool_result`` anywhere, except
+    those of the last response on their thread (the CLI answers those itself on resume)."""
+    answered = {b.get("tool_use_id") for e in entries for _, b in tool_results(e)}
+    open_calls: dict[int, list[str]] = {}
+    for n, entry in enumerate(entries):
+        for _, block in tool_uses(entry):
+            tid = block.get("id")
+            if isinstance(tid, str) and tid not in answered:
+                open_calls.setdefault(n, []).append(tid)
+    healed = 0
+    for n in sorted(open_calls, reverse=True):  # from the end: earlier indexes stay valid
+        if _last_response(entries, n):
+            continue
+        use = entries[n]
+        when = timestamp_epoch(use.get("timestamp"))
+        calls = [(tid, _orphan_call(tid, use, text, when)) for tid in open_calls[n]]
+        healed += insert_after_response(entries, n, calls)
+    return healed
+
+
+def _orphan_call(tid: str, use: Entry, text: str, when: float | None) -> Call:
+    names = [b.get("name") for _, b in tool_uses(use) if b.get("id") == tid]
+    return Call(
+        tool_use_id=tid,
+        session_id=str(use.get("sessionId") or ""),
+        name=str(names[0] if names else ""),
+        state=DONE,
+        content=text,
+        is_error=True,
+        response=text,
+        ended_at=when,
+    )
+
+
+def _last_response(entries: list[Entry], n: int) -> bool:
+    """Is entry ``n``'s response the last thing on its thread (API errors aside)?"""
+    msg_id, side = _message_id(entries[n]), bool(entries[n].get("isSidechain"))
+    for entry in entries[n + 1 :]:
+        if not entry.get("uuid") or entry.get("type") not in _CHAIN_TYPES:
+            continue
+        if bool(entry.get("isSidechain")) != side or is_api_error(entry):
+            continue
+        if msg_id and entry.get("type") == "assistant" and _message_id(entry) == msg_id:
+            continue  # another content block of the same response
+        return False
+    return True
 
 
 def _drop_api_errors(out: list[Entry | None]) -> int:

@@ -340,7 +340,8 @@ class SqliteSessionStore(SessionStore):
     ``path`` is the database file (``run_dir/"sessions.db"``); its directory is created
     0700 and the file 0600 if missing. Implements ``append``/``load`` and every optional
     method (``list_sessions``, ``list_session_summaries``, ``delete``, ``list_subkeys``),
-    plus the synchronous helpers :meth:`has_session`, :meth:`load_sync` and :meth:`close`.
+    plus the synchronous helpers :meth:`has_session`, :meth:`projects`, :meth:`last_context`,
+    :meth:`load_sync` and :meth:`close`.
 
     An object may be inherited across ``os.fork()``: the child opens its own connection and
     never touches the parent's. Calls are serialised per object by a lock, so one object may
@@ -419,11 +420,44 @@ class SqliteSessionStore(SessionStore):
 
     # ---- synchronous helpers ----------------------------------------------------------
 
-    def has_session(self, session_id: str, project_key: str | None = None) -> bool:
+    def has_session(self, project_key: str | None, session_id: str) -> bool:
         """True if a main transcript of ``session_id`` with at least one entry is stored
-        (under ``project_key`` if given, else under any project)."""
+        under ``project_key`` (None: under any project). Reads no payload."""
         params = {"sid": session_id, "pk": project_key}
         return self._run_sync(lambda c: c.execute(SESSION_EXISTS, params).fetchone() is not None)
+
+    def projects(self) -> list[str]:
+        """Every ``project_key`` stored, sorted. The SDK derives a project key from the
+        working directory; ask here which ones there are rather than guess."""
+        sql = "SELECT DISTINCT project_key FROM meta WHERE project_key IS NOT NULL ORDER BY 1"
+        rows = self._run_sync(lambda conn: conn.execute(sql).fetchall())
+        return [project_key for (project_key,) in rows]
+
+    def last_context(self, project_key: str, session_id: str, *, scan: int = 60) -> int:
+        """The context the model saw on the session's last turn, in tokens; 0 if none.
+
+        The last assistant entry of the main transcript, among its latest ``scan`` entries,
+        that carries usage from a real response (not a synthetic API-error or "No response
+        requested." entry): ``input_tokens + cache_read_input_tokens +
+        cache_creation_input_tokens`` (``input_tokens`` alone leaves out the cached prefix).
+        """
+        key_string = _split_key({"project_key": project_key, "session_id": session_id})[0]
+        sql = "SELECT data FROM entries WHERE key = ? ORDER BY seq DESC LIMIT ?"
+        rows = self._run_sync(
+            lambda conn: conn.execute(sql, (key_string, max(0, int(scan)))).fetchall()
+        )
+        for (data,) in rows:
+            entry = json.loads(data)
+            msg = entry.get("message") if isinstance(entry, dict) else None
+            if entry.get("type") != "assistant" or not isinstance(msg, dict):
+                continue
+            if entry.get("isApiErrorMessage") or msg.get("model") == "<synthetic>":
+                continue
+            usage = msg.get("usage")
+            if isinstance(usage, dict) and usage:
+                keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+                return sum(int(usage.get(k) or 0) for k in keys)
+        return 0
 
     def load_sync(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         """:meth:`load` for callers outside an event loop."""

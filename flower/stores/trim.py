@@ -61,6 +61,7 @@ __all__ = [
     "TrimPolicy",
     "TrimmingSessionStore",
     "is_ephemeral",
+    "trim_report",
     "turn_ages",
 ]
 
@@ -84,6 +85,14 @@ class TrimPolicy:
     spill_dirname: str = ".flower/spill"
     enabled: bool = True
 
+    def placeholder(self, path: str, n: int) -> str:
+        """The pointer line that replaces a trimmed result of ``n`` characters spilled to
+        ``path`` (its first :data:`HEAD_CHARS` characters follow it on the next line)."""
+        return (
+            f"[这段工具结果共 {n} 字符,已移到 {path},内容没丢,需要时用 Read 读取。"
+            f"下面是开头 {min(n, HEAD_CHARS)} 字符]"
+        )
+
 
 @dataclass
 class EphemeralPolicy:
@@ -97,6 +106,10 @@ class EphemeralPolicy:
     keep_recent: int = 6
     max_chars: int = 2000
     text: str = "[{cmd} 的结果已过期(第 {age} 轮前),当前状态可能已变。需要请重新执行]"
+
+    def placeholder(self, cmd: str, age: int) -> str:
+        """``text`` filled in: what replaces the result of ``cmd``, ``age`` turns old."""
+        return self.text.format(cmd=cmd, age=age)
 
 
 # ======================================================================================
@@ -213,7 +226,9 @@ class TrimmingSessionStore(SqliteSessionStore):
     most recent ``load()`` did, per rule (``expired``, ``trimmed``; ``trim_failed`` when a
     spill file could not be written, in which case that result is left whole). The SDK
     loads a session's subagent transcripts after its main one, so after a resume it
-    describes the last transcript loaded.
+    describes the last transcript loaded. ``last_trim`` adds the trimming rule's detail
+    when it ran: ``cleared`` (results trimmed), ``kept`` (text results left whole because
+    they are recent) and ``chars_saved``; :func:`trim_report` says both in one line.
     """
 
     def __init__(
@@ -228,11 +243,12 @@ class TrimmingSessionStore(SqliteSessionStore):
         self.policy = policy if policy is not None else TrimPolicy()
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralPolicy()
         self.last_report: dict[str, int] = {}
+        self.last_trim: dict[str, int] = {}
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         """The stored entries of ``key`` as the model should see them on resume."""
         entries = await super().load(key)
-        self.last_report = {}
+        self.last_report, self.last_trim = {}, {}
         if entries is None:
             return None
         # Spill files are written here: keep the file I/O off the event loop.
@@ -245,7 +261,7 @@ class TrimmingSessionStore(SqliteSessionStore):
 
         Returns a new list; changed entries are new dicts, ``entries`` is not modified.
         """
-        self.last_report = {}
+        self.last_report, self.last_trim = {}, {}
         out = list(entries)
         if self.ephemeral.enabled:
             out = self.expire(out)
@@ -267,7 +283,7 @@ class TrimmingSessionStore(SqliteSessionStore):
                     continue
                 if len(text) > pol.max_chars:
                     continue  # not a glance: the trimming rule keeps its content
-                notice = pol.text.format(cmd=_short(cmd), age=ages[n])
+                notice = pol.placeholder(_short(cmd), ages[n])
                 out[n] = with_result_text(out[n], i, notice)
                 count += 1
         self.last_report["expired"] = count
@@ -276,17 +292,18 @@ class TrimmingSessionStore(SqliteSessionStore):
     def trim(self, entries: list[Entry]) -> list[Entry]:
         """Spill old large text results to files, leaving a pointer and a head."""
         pol, ages = self.policy, turn_ages(entries)
-        out, trimmed, failed = list(entries), 0, 0
+        out, trimmed, failed, kept, saved = list(entries), 0, 0, 0, 0
         for n, entry in enumerate(entries):
             if entry.get("isCompactSummary") or is_refused_or_interrupted(entry):
                 continue
             if ages[n] < pol.keep_recent:
+                kept += sum(result_text(b) is not None for _, b in tool_results(entry))
                 continue
             for i, block in tool_results(entry):
                 text = result_text(block)
                 if text is None or len(text) <= pol.min_chars:
                     continue
-                pointer = _pointer(text, self.spill_path(text))
+                pointer = _pointer(pol, text, self.spill_path(text))
                 if len(pointer) >= len(text):  # a small min_chars: nothing to gain
                     continue
                 try:
@@ -297,9 +314,11 @@ class TrimmingSessionStore(SqliteSessionStore):
                     continue
                 out[n] = with_result_text(out[n], i, pointer)
                 trimmed += 1
+                saved += len(text) - len(pointer)
         self.last_report["trimmed"] = trimmed
         if failed:
             self.last_report["trim_failed"] = failed
+        self.last_trim = {"cleared": trimmed, "kept": kept, "chars_saved": saved}
         return out
 
     def spill_path(self, text: str) -> Path:
@@ -332,9 +351,21 @@ def _short(cmd: str) -> str:
     return one_line if len(one_line) <= CMD_CHARS else one_line[: CMD_CHARS - 1] + "…"
 
 
-def _pointer(text: str, path: Path) -> str:
-    head = text[:HEAD_CHARS]
-    return (
-        f"[这段工具结果共 {len(text)} 字符,已移到 {path},内容没丢,需要时用 Read 读取。"
-        f"下面是开头 {len(head)} 字符]\n{head}"
-    )
+def _pointer(policy: TrimPolicy, text: str, path: Path) -> str:
+    return f"{policy.placeholder(str(path), len(text))}\n{text[:HEAD_CHARS]}"
+
+
+def trim_report(store: TrimmingSessionStore) -> str:
+    """What the store's last ``load()`` did to the transcript, in one line for a log.
+
+    Nothing → ``未裁剪``; only expiry → ``N 个时效性结果标记为过期``; otherwise
+    ``裁掉 N 个工具结果(保留最近 M 个),省下 ~X tokens`` (X = characters saved // 4).
+    A :class:`~flower.stores.prune.PruningSessionStore` is a trimming store too.
+    """
+    report, detail = store.last_report, store.last_trim
+    expired = report.get("expired", 0)
+    cleared = detail.get("cleared", report.get("trimmed", 0))
+    if not cleared:
+        return f"{expired} 个时效性结果标记为过期" if expired else "未裁剪"
+    kept, saved = detail.get("kept", 0), detail.get("chars_saved", 0)
+    return f"裁掉 {cleared} 个工具结果(保留最近 {kept} 个),省下 ~{saved // 4} tokens"

@@ -35,7 +35,7 @@ _TURN_KEYS = {
     "outage",
     "times",
 }
-_MATCH_KEYS = {"marker", "system", "session"}
+_MATCH_KEYS = {"marker", "system", "session", "result"}
 _USAGE_KEYS = {
     "input_tokens",
     "output_tokens",
@@ -102,11 +102,14 @@ class Match:
     marker: str | None = None
     system: str | None = None
     session: str | None = None
+    result: str | None = None
 
     def accepts(self, body: dict[str, Any]) -> bool:
         if self.session is not None and session_id_of(body) != self.session:
             return False
         if self.system is not None and self.system not in system_text(body):
+            return False
+        if self.result is not None and not any(self.result in t for t in result_texts(body)):
             return False
         return self.marker is None or any(self.marker in t for t in user_texts(body))
 
@@ -265,6 +268,16 @@ def user_texts(body: dict[str, Any]) -> list[str]:
         for b in _blocks(msg.get("content"))
         if b.get("type") == "text"
     ]
+
+
+def result_texts(body: dict[str, Any]) -> list[str]:
+    """The text of every tool result the request carries, in order."""
+    out: list[str] = []
+    for msg in body.get("messages") or []:
+        for b in _blocks(msg.get("content")):
+            if b.get("type") == "tool_result":
+                out.extend(_block_texts(b))
+    return out
 
 
 def all_texts(body: dict[str, Any]) -> list[str]:

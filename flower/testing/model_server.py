@@ -26,7 +26,9 @@ Script format (a dict, or a JSON file holding one)::
 Conversations: the first whose ``match`` holds answers a request, else ``default``.
 ``match`` keys (all given must hold): ``marker`` — a substring of some user text block
 (tool results excluded; the prompt is one); ``system`` — a substring of the system
-prompt; ``session`` — the session id the CLI puts in ``metadata.user_id``.
+prompt; ``session`` — the session id the CLI puts in ``metadata.user_id``; ``result`` — a
+substring of some tool result the request carries (so a judge that reads a file can answer
+by what the file holds).
 
 Turns: which turn answers is read FROM THE REQUEST: one past the last turn of this
 conversation found in the request's assistant history. Our tool_use ids carry their turn

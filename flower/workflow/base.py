@@ -35,13 +35,16 @@ Ctx = dict[str, Any]
 #: How many steps ahead a placement is told about (see ``_Run._prepare``).
 LOOKAHEAD = 1
 
-ON_FAIL = ("stop", "continue")
+ON_FAIL = ("stop", "skip", "continue")
 
 log = logging.getLogger("flower")
 
 
 class StepAbort(Exception):
-    """Raised by a gate: stop now, do not retry (seed 003)."""
+    """Raised by a gate: stop now, another round will not help (seed 003).
+
+    The step's remaining retries are not used; ``ctx["_aborted"]`` gets the message and the
+    step then fails as any other (``on_fail`` decides what happens to the flow)."""
 
 
 @dataclass
@@ -59,7 +62,7 @@ class Step:
     gate: Callable[[StepResult, Ctx], Any] | None = None
     on_fail: str = "stop"
     when: Callable[[Ctx], Any] | None = None
-    on_reject: Callable[[StepResult, Ctx], str] | None = None
+    on_reject: Callable[[StepResult, Ctx], Any] | None = None
     resume_prompt: str | Callable[[Ctx], str] | None = None
     reduce: Callable[[StepResult, Ctx], Any] | None = None
 
@@ -67,13 +70,24 @@ class Step:
         if self.on_fail not in ON_FAIL:
             raise ConfigError(
                 f"step {self.name!r}: on_fail={self.on_fail!r} is not one of {', '.join(ON_FAIL)}",
-                hint='use on_fail="stop" (the default) or "continue"',
+                hint='use on_fail="stop" (the default), "skip" or "continue"',
+            )
+        if self.reduce is not None and inspect.iscoroutinefunction(self.reduce):
+            raise ConfigError(
+                f"step {self.name!r}: reduce must be a plain function, not async",
+                hint="gate, when and on_reject may be async; reduce runs synchronously",
             )
         if any(mark in self.name for mark in ("#", "·判定")):
             raise ConfigError(
                 f"step name {self.name!r} contains '#' or '·判定'",
                 hint="those mark retry/round/judge labels; pick a plain name",
             )
+
+    def render(self, ctx: Ctx, *, resuming: bool = False) -> str:
+        """What this step says: ``resume_prompt`` when continuing a session and there is
+        one, else ``prompt``; a callable is called with ``ctx``."""
+        text = self.resume_prompt if resuming and self.resume_prompt is not None else self.prompt
+        return text(ctx) if callable(text) else text
 
     def label(self, attempt: int) -> str:
         """``name``, then ``name#roundN`` (with on_reject) or ``name#retryN``."""
@@ -114,21 +128,30 @@ class Workflow:
         on_step: Callable[[Step, StepResult], None] | None = None,
         command: list[str] | None = None,
         new: bool = False,
+        ask: str | None = None,
     ) -> Ctx:
         """Run the steps in order and return ctx.
 
-        ``command`` (the argv that carries this run on) and ``new`` (``--new``: do not pick up
-        an unfinished earlier run's completed steps) are what the command line adds. A flow
-        with its own ``workbench`` runs its steps with it, whatever the Runtime had.
+        ``command`` (the argv that carries this run on), ``new`` (``--new``: do not pick up
+        an unfinished earlier run's completed steps) and ``ask`` (what the person typed,
+        put in ``ctx["_ask"]``) are what the command line adds. A flow with its own
+        ``workbench`` runs its steps with it, whatever the Runtime had. A ``channel`` whose
+        ``on_event`` is None sends its questions to ``on_event`` for this run.
         """
         runner = _Run(self, runtime, on_event, on_step, new)
-        if self.workbench is None:
-            return await runner.run(command)
-        previous = runtime.use_workbench(self.workbench)
+        if ask is not None:
+            runner.ctx["_ask"] = ask
+        wired = self.channel is not None and getattr(self.channel, "on_event", 0) is None
+        if wired:
+            self.channel.on_event = on_event
+        previous = runtime.use_workbench(self.workbench) if self.workbench is not None else None
         try:
             return await runner.run(command)
         finally:
-            runtime.workbench = previous
+            if wired:
+                self.channel.on_event = None
+            if self.workbench is not None:
+                runtime.workbench = previous
 
 
 class _Run:
@@ -169,17 +192,11 @@ class _Run:
             _on_event=self.on_event,
             _flow=wf.name,
         )
+        if wf.continuous:
+            self.ctx["_lineage"] = self.lineage
         self.lineage_sessions = dict(sessions)
         if woke > 1 and self.on_event:
-            contexts = {
-                name: rt.session_context(sid) for name, sid in sessions.items() if name in names
-            }
-            self._emit(
-                Event(
-                    "wake",
-                    payload={"woke": woke, "workspace": str(rt.workspace), "contexts": contexts},
-                )
-            )
+            self._emit(self._wake_event(woke, sessions, names))
         state, stopped_at = "finished", None
         try:
             for i, step in enumerate(wf.steps):
@@ -194,12 +211,29 @@ class _Run:
         rt.note(state=state, step=stopped_at, ended_at=_now())
         return self.ctx
 
+    def _wake_event(self, woke: int, sessions: dict[str, str], names: list[str]) -> Event:
+        """seed 000: report the wake, or "does it remember?" is invisible. A flow may name
+        the steps whose context size the line shows (``banner_steps``) and what it says
+        first (``wake_banner()``, e.g. the starter flow's 需求已确认 · 目标 N 条)."""
+        shown = getattr(self.wf, "banner_steps", None) or names
+        contexts = {
+            name: self.rt.session_context(sessions[name]) for name in shown if name in sessions
+        }
+        lead = getattr(self.wf, "wake_banner", None)
+        payload = {
+            "woke": woke,
+            "workspace": str(self.rt.workspace),
+            "contexts": contexts,
+            "lead": list(lead()) if callable(lead) else [],
+        }
+        return Event("wake", payload=payload)
+
     async def _run_step(self, index: int, step: Step) -> bool:
         """Run one step with its retries; False means the flow stops here."""
         ctx = self.ctx
         if step.when is not None and not await _maybe_await(step.when(ctx)):
             return True
-        prompt = step.prompt(ctx) if callable(step.prompt) else step.prompt
+        prompt = step.render(ctx)
         digest = input_hash(self.wf.name, step, prompt)
         if self._reuse(step, digest, index):
             return True
@@ -212,9 +246,13 @@ class _Run:
             value = step.reduce(result, ctx) if step.reduce else result.text
             ctx[step.name] = value
             self._completed(step, digest, result, value)
+        elif step.on_fail == "continue":
+            ctx[step.name] = result.text  # the incomplete result goes on
+        elif step.on_fail == "stop":
+            ctx["_failed_at"] = step.name
         if self.on_step:
             self.on_step(step, result)
-        return passed or step.on_fail == "continue"
+        return passed or step.on_fail != "stop"
 
     async def _attempts(
         self, step: Step, prompt: str, prompt_cur: str, resume: str | None
@@ -250,7 +288,9 @@ class _Run:
                     break
             if passed:
                 break
-            feedback = step.on_reject(result, ctx) if (step.on_reject and result.session_id) else ""
+            feedback = ""
+            if step.on_reject is not None and result.session_id:
+                feedback = str(await _maybe_await(step.on_reject(result, ctx)) or "")
             if feedback:
                 prompt_cur, resume_cur, fork_cur = feedback, result.session_id, False
             else:
@@ -278,7 +318,7 @@ class _Run:
             source = names.index(step.resume_from) if step.resume_from in names else None
             if source is None or source >= running:
                 return None
-        resume = self._session_for(step)
+        resume = self._session_for(step, strict=False)
         if resume is not None and resume == now.resume and not now.fork:
             return None
         return StepCall(step.spec, "", step.name, resume, step.fork)
@@ -287,17 +327,24 @@ class _Run:
         """What a continued session is told: the step's resume_prompt; for the step a dead
         run was in the middle of, the neutral "you were interrupted" text; else the prompt."""
         if step.resume_prompt is not None:
-            rp = step.resume_prompt
-            return rp(self.ctx) if callable(rp) else rp
+            return step.render(self.ctx, resuming=True)
         if self.prior is not None and self.prior.interrupted(step.name):
             return self.rt.resilience.resume_prompt
         return prompt
 
-    def _session_for(self, step: Step) -> str | None:
-        """Which session this step continues (seed 000's resume_from table)."""
+    def _session_for(self, step: Step, *, strict: bool = True) -> str | None:
+        """Which session this step continues (seed 000's resume_from table). A
+        ``resume_from`` naming a step that has no session (not run yet, or failed before
+        it had one) is a mistake in the flow: ValueError, never a silent fresh session."""
         sessions: dict[str, str] = self.ctx["_sessions"]
         if step.resume_from is not None:
-            return sessions.get(step.resume_from)
+            sid = sessions.get(step.resume_from)
+            if sid is None and strict:
+                raise ValueError(
+                    f"step {step.name!r}: resume_from={step.resume_from!r} has no session "
+                    "(that step has not run, or failed before it had one)"
+                )
+            return sid
         if self.wf.continuous:
             return self.lineage_sessions.get(step.name)
         return None

@@ -1,0 +1,270 @@
+"""The SDK's message stream flattened into :class:`~flower.core.result.Event` values.
+
+An interaction layer (terminal, web page, HTTP service, nothing at all) consumes ``Event``
+and never an SDK type: :func:`normalize` is the only place that knows the SDK's message and
+block classes, so an SDK upgrade changes this module and no UI.
+
+Besides the plain translation, :func:`normalize` settles four things every consumer would
+otherwise get wrong:
+
+* a subagent's messages are marked (``payload["subagent"]``, ``payload["parent_tool_use_id"]``)
+  so its chatter and the task brief it was given never pass for main-thread prose;
+* the CLI's synthetic ``API Error: ...`` turn (written as an assistant message when the API
+  gives up) becomes a single ``error`` event, not text that would end up in
+  ``StepResult.text`` and be handed to the next step;
+* a compaction boundary (and a conversation reset) is reported as ``reset``: after it the
+  model remembers only a summary and the prompt cache starts over;
+* every assistant message carries the context it was given (``payload["context"]``), the
+  number a long-horizon run most needs to see.
+
+``retry``, ``step``, ``handoff`` and ``ask`` share the same :data:`EventKind` but are emitted
+elsewhere (the Runtime, ``Workflow.run``, :class:`~flower.core.human.HumanChannel`), so a UI
+knows one type for everything. UIs should keep an ``else`` branch: kinds may be added.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from .result import Event
+
+__all__ = [
+    "EVENT_KINDS",
+    "RESULT_CHARS",
+    "SUMMARY_CHARS",
+    "SUMMARY_KEYS",
+    "Event",
+    "EventKind",
+    "is_synthetic",
+    "normalize",
+]
+
+EventKind = Literal[
+    # from normalize()
+    "text",
+    "thinking",
+    "tool_call",
+    "tool_result",
+    "task",
+    "system",
+    "reset",
+    "result",
+    "error",
+    "prompt",
+    "unknown",
+    # from the Runtime
+    "retry",
+    "handoff",
+    # from Workflow.run
+    "step",
+    # from HumanChannel: a question (no payload["kind"]) or what the person said unprompted
+    # (payload["kind"] == "mail")
+    "ask",
+]
+
+#: Every kind, in the order above (15).
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
+
+#: A ``tool_call`` event's text: the first of these input fields the call has, cut.
+SUMMARY_KEYS = (
+    "file_path",
+    "notebook_path",
+    "command",
+    "pattern",
+    "path",
+    "url",
+    "query",
+    "question",
+    "description",
+)
+SUMMARY_CHARS = 200
+#: A ``tool_result`` event's text is the result's first characters.
+RESULT_CHARS = 500
+
+_SYNTHETIC_MODEL = "<synthetic>"
+
+
+def is_synthetic(message: Any) -> bool:
+    """Is ``message`` the CLI's synthetic assistant turn for an API failure?
+
+    The SDK keeps the CLI's ``error`` field on such a turn (what
+    :class:`~flower.core.attempt.AttemptState` goes by); its model is ``<synthetic>``; a
+    transcript entry says ``isApiErrorMessage``. Any of the three is enough.
+    """
+    if getattr(message, "error", None):
+        return True
+    if getattr(message, "isApiErrorMessage", None) is True:
+        return True
+    return getattr(message, "model", None) == _SYNTHETIC_MODEL
+
+
+def normalize(message: Any) -> list[Event]:
+    """One SDK message as zero or more events (``raw`` is the SDK object each came from)."""
+    from claude_agent_sdk import (
+        AssistantMessage,
+        ConversationResetMessage,
+        ResultMessage,
+        SystemMessage,
+        TaskNotificationMessage,
+        TaskProgressMessage,
+        TaskStartedMessage,
+        TaskUpdatedMessage,
+        TextBlock,
+        UserMessage,
+    )
+
+    if isinstance(message, AssistantMessage) and is_synthetic(message):
+        texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text]
+        text = "\n".join(texts) or str(message.error or "")
+        return [Event("error", text=text, payload={"synthetic": True}, raw=message)]
+
+    if isinstance(message, (AssistantMessage, UserMessage)):
+        return _turn(message, "prompt" if isinstance(message, UserMessage) else "text")
+
+    if isinstance(message, ResultMessage):
+        payload = {
+            "session_id": message.session_id,
+            "cost_usd": message.total_cost_usd,
+            "num_turns": message.num_turns,
+            "is_error": message.is_error,
+        }
+        return [Event("result", text=str(message.subtype), payload=payload, raw=message)]
+
+    tasks = (TaskStartedMessage, TaskProgressMessage, TaskUpdatedMessage, TaskNotificationMessage)
+    if isinstance(message, tasks):
+        # The class name would be noise on a screen (and looks like an error among prose).
+        return [Event("task", payload={"kind": type(message).__name__}, raw=message)]
+
+    if isinstance(message, ConversationResetMessage):
+        payload = {
+            "trigger": "",
+            "pre_tokens": None,
+            "post_tokens": None,
+            "micro": False,
+            "subtype": "",
+        }
+        return [Event("reset", text="conversation reset", payload=payload, raw=message)]
+
+    if isinstance(message, SystemMessage):
+        subtype = str(message.subtype or "")
+        data = message.data if isinstance(message.data, dict) else {}
+        if subtype in ("compact_boundary", "microcompact_boundary"):
+            return [_boundary(message, subtype, data)]
+        return [Event("system", text=subtype, payload=dict(data), raw=message)]
+
+    return [Event("unknown", text=type(message).__name__, raw=message)]
+
+
+def _turn(message: Any, kind: str) -> list[Event]:
+    """The events of an assistant (``text``) or user (``prompt``) message's content."""
+    meta: dict[str, Any] = {"subagent": bool(message.parent_tool_use_id)}
+    if message.parent_tool_use_id:
+        meta["parent_tool_use_id"] = message.parent_tool_use_id
+    usage = getattr(message, "usage", None)
+    if isinstance(usage, dict) and usage:
+        from .attempt import context_of
+
+        meta["context"] = context_of(usage)
+    content = message.content
+    if isinstance(content, str):
+        return [Event(kind, text=content, payload=dict(meta), raw=message)]
+    out = []
+    for block in content:
+        event = _block(block, kind)
+        if event is not None:
+            event.payload.update(meta)
+            out.append(event)
+    return out
+
+
+def _block(block: Any, kind: str) -> Event | None:
+    from claude_agent_sdk import (
+        ServerToolResultBlock,
+        ServerToolUseBlock,
+        TextBlock,
+        ThinkingBlock,
+        ToolResultBlock,
+        ToolUseBlock,
+    )
+
+    if isinstance(block, TextBlock):
+        return Event(kind, text=block.text, raw=block)
+    if isinstance(block, ThinkingBlock):
+        return Event("thinking", text=block.thinking, raw=block)
+    payload: dict[str, Any]
+    if isinstance(block, (ToolUseBlock, ServerToolUseBlock)):
+        args = block.input if isinstance(block.input, dict) else {}
+        payload = {"id": block.id, "input": args}
+        return Event("tool_call", text=_summary(args), tool=block.name, payload=payload, raw=block)
+    if isinstance(block, ToolResultBlock):
+        payload = {"tool_use_id": block.tool_use_id, "is_error": bool(block.is_error)}
+        text = _result_text(block.content)[:RESULT_CHARS]
+        return Event("tool_result", text=text, payload=payload, raw=block)
+    if isinstance(block, ServerToolResultBlock):
+        # A server tool's result is a dict of its own schema; "<tool>_error" types are failures.
+        kind_of = str(block.content.get("type", "")) if isinstance(block.content, dict) else ""
+        payload = {"tool_use_id": block.tool_use_id, "is_error": kind_of.endswith("_error")}
+        return Event("tool_result", payload=payload, raw=block)
+    return None
+
+
+def _summary(args: dict[str, Any]) -> str:
+    """What a UI shows of a call: the path, command, pattern ... it is about."""
+    for key in SUMMARY_KEYS:
+        value = args.get(key)
+        if value:
+            return str(value)[:SUMMARY_CHARS]
+    return ""
+
+
+def _result_text(content: Any) -> str:
+    """A tool result's text: the string itself, or the text parts of a list of blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            str(part.get("text") or "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        ]
+        return "\n".join(p for p in parts if p)
+    return ""
+
+
+def _boundary(message: Any, subtype: str, data: dict[str, Any]) -> Event:
+    """A compaction boundary: what the CLI says of the tokens before and after."""
+    meta: Any = {}
+    for key in (
+        "compact_metadata",
+        "compactMetadata",
+        "microcompact_metadata",
+        "microcompactMetadata",
+    ):
+        if isinstance(data.get(key), dict):
+            meta = data[key]
+            break
+    pre = _first(meta, "pre_tokens", "preTokens")
+    post = _first(meta, "post_tokens", "postTokens")
+    trigger = str(meta.get("trigger") or "")
+    micro = subtype.startswith("micro")
+    label = "微压缩" if micro else "压缩"
+
+    def shown(n: Any) -> str:
+        return "?" if n is None else str(n)
+
+    text = f"{label}({trigger or '?'}) {shown(pre)} → {shown(post)} tokens"
+    payload = {
+        "trigger": trigger,
+        "pre_tokens": pre,
+        "post_tokens": post,
+        "micro": micro,
+        "subtype": subtype,
+    }
+    return Event("reset", text=text, payload=payload, raw=message)
+
+
+def _first(meta: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if meta.get(key) is not None:
+            return meta[key]
+    return None

@@ -1,0 +1,311 @@
+"""Requirement and goal: the clarify step, the goal-setting step and the goal guard (seed 003).
+
+Three pieces a flow strings together:
+
+* :func:`clarify_step` asks until the requirement is clear and freezes it as a
+  :class:`~flower.docs.brief.Brief` (``需求.md``);
+* :func:`goal_step` has a judge turn the brief into a :class:`~flower.docs.goal.Goal`
+  (statement plus checklist, ``目标.md``);
+* :func:`with_goal` wraps a working step so that after every round a judge in a brand-new
+  session rules on the goal; a round that falls short goes back into the same working session
+  with the judge's feedback.
+
+A frozen brief or goal is not asked for again: its step is skipped, but what it froze is still
+put into ctx, so the steps after it read the same thing as the first time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..core.agent import AgentSpec
+from ..core.result import Event, StepResult
+from ..core.roles import clarify, judge
+from ..docs.brief import Brief
+from ..docs.goal import Goal
+from ..docs.verdict import VAGUE_REASON, Verdict
+from .base import Ctx, Step, StepAbort
+
+BRIEF_KEY = "_brief"
+MISSING_KEY = "_brief_missing"
+GOAL_KEY = "_goal"
+VERDICT_KEY = "_verdict"
+ROUND_KEY = "_goal_rounds"
+
+NO_BRIEF = "(没有确认书)"
+
+#: What a clarifier whose session was cut off is told when it is continued: carry on with the
+#: questions still open, do not take the original ask as a new task and ask it all again.
+CLARIFY_RESUME = (
+    "接着上次没做完的需求确认往下做,不要从头再来。"
+    "已经问过、已经得到回答的不要再问;还缺哪一段就只补问哪一段。"
+    "四段都清楚了,就按 目标 / 验收标准 / 边界 / 未知与假设 四段给出需求确认书。"
+)
+
+#: The goal setter's prompt; ``{brief}`` is the frozen requirement.
+GOAL_PROMPT = (
+    "下面是已经确认的需求。先看清楚你所在的环境(有什么文件、能跑什么),"
+    "再把它写成一个目标和一份判定清单。\n\n"
+    "按两段回答:\n"
+    "## 目标\n一段话说清楚要达成什么。\n\n"
+    "## 判定清单\n"
+    "- 每行一条,每条都是判定时能亲自检查的一件事(看文件、跑命令、看输出)。\n"
+    "- 在这个环境里验证不了的条目照样写上,并在条目里标明 [此环境无法验证:原因]。\n\n"
+    "需求:\n\n{brief}"
+)
+
+#: The judge's prompt; ``{goal}`` is the goal with its checklist. The judge gets the goal and
+#: the workspace, never the worker's account of itself or how many rounds it took.
+VERIFY_PROMPT = (
+    "独立判定下面这个目标现在是否已经达成。"
+    "不要相信任何人的汇报:亲自去看工作区里实际的文件和结果,逐条对照判定清单。\n\n"
+    "按三段回答:\n"
+    "## 结论\n达成 / 未达成 / 无法验证,三选一。"
+    "清单里有在这个环境里验证不了的条目,结论就是 无法验证。\n\n"
+    "## 理由\n简短说明依据。\n\n"
+    "## 未通过\n- 每行一条没有通过的清单条目;都通过就写 无。\n\n"
+    "目标:\n\n{goal}"
+)
+
+NO_RUNTIME = "拿不到 Runtime,无法判定目标"
+
+ACCEPT = "接受这个结果,就这样往下走"
+AMEND = "修改目标"
+WRONG = "你判断错了"
+UNREACHABLE_QUESTION = "判定者认为这个目标在当前环境里无法验证或无法达成:\n{reason}\n\n怎么处理?"
+NEW_GOAL_QUESTION = "新的目标是什么?(会追加在原目标后面)"
+
+
+# -- the clarify step -------------------------------------------------------------------------
+
+
+def clarify_step(
+    channel: Any,
+    *,
+    brief_path: str | Path,
+    prompt: str | Callable[[Ctx], str],
+    name: str = "确认需求",
+    spec: AgentSpec | None = None,
+    instructions: str = "",
+    always_ask: bool = False,
+    on_fail: str = "stop",
+    retries: int = 0,
+    **spec_kw: Any,
+) -> Step:
+    """A step that asks until the requirement is clear and freezes it as a Brief.
+
+    Skipped when ``brief_path`` already holds a complete brief (unless ``always_ask``); the
+    brief is put into ctx either way: ``ctx[BRIEF_KEY]`` the Brief, ``ctx[name]`` its
+    ``prompt_block()``. An incomplete answer fails the gate with ``ctx[MISSING_KEY]`` naming
+    the missing sections. A continued session is told :data:`CLARIFY_RESUME`.
+    """
+    path = Path(brief_path)
+    spec = spec or clarify(name, channel, instructions=instructions, **spec_kw)
+
+    def pour(ctx: Ctx, brief: Brief) -> None:
+        ctx[BRIEF_KEY] = brief
+        ctx[name] = brief.prompt_block()
+        ctx.pop(MISSING_KEY, None)
+
+    def when(ctx: Ctx) -> bool:
+        if always_ask:
+            return True
+        frozen = Brief.load(path)
+        if frozen is not None and frozen.complete():
+            pour(ctx, frozen)
+            return False
+        return True
+
+    def gate(result: StepResult, ctx: Ctx) -> bool:
+        brief = Brief.parse(result.text)
+        if not brief.complete():
+            ctx[MISSING_KEY] = brief.missing()
+            return False
+        brief.write(path)
+        pour(ctx, brief)
+        return True
+
+    return Step(
+        name,
+        spec,
+        prompt,
+        retries=retries,
+        gate=gate,
+        on_fail=on_fail,
+        when=when,
+        resume_prompt=CLARIFY_RESUME,
+        reduce=lambda result, ctx: ctx[BRIEF_KEY].prompt_block(),
+    )
+
+
+# -- the goal-setting step --------------------------------------------------------------------
+
+
+def goal_step(
+    channel: Any,
+    *,
+    goal_path: str | Path,
+    brief_key: str = "确认需求",
+    name: str = "设定目标",
+    spec: AgentSpec | None = None,
+    instructions: str = "",
+    always_set: bool = False,
+    on_fail: str = "stop",
+    retries: int = 0,
+    **spec_kw: Any,
+) -> Step:
+    """A step where a judge turns the brief (``ctx[brief_key]``) into a Goal and freezes it.
+
+    Skipped when ``goal_path`` already holds a complete goal (unless ``always_set``), which
+    is still put into ctx: ``ctx[GOAL_KEY]`` the Goal, ``ctx[name]`` its markdown. Checks the
+    goal marks as unverifiable here are reported at once as ``Event("task")``: they will fail
+    every verdict, better known before a round of work is paid for. No ``resume_prompt``:
+    setting the goal again should read the whole brief again.
+    """
+    path = Path(goal_path)
+    spec = spec or judge(name, channel, instructions=instructions, **spec_kw)
+
+    def pour(ctx: Ctx, goal: Goal) -> None:
+        ctx[GOAL_KEY] = goal
+        ctx[name] = goal.to_markdown()
+
+    def when(ctx: Ctx) -> bool:
+        if always_set:
+            return True
+        frozen = Goal.load(path)
+        if frozen is not None and frozen.complete():
+            pour(ctx, frozen)
+            return False
+        return True
+
+    def prompt(ctx: Ctx) -> str:
+        brief = ctx.get(brief_key)
+        return GOAL_PROMPT.format(brief=brief if isinstance(brief, str) and brief else NO_BRIEF)
+
+    def gate(result: StepResult, ctx: Ctx) -> bool:
+        goal = Goal.parse(result.text)
+        if not goal.complete():
+            return False
+        goal.write(path)
+        pour(ctx, goal)
+        doomed = goal.unverifiable
+        sink = ctx.get("_on_event")
+        if doomed and callable(sink):
+            sink(
+                Event(
+                    "task",
+                    f"目标里有 {len(doomed)} 条在此环境无法验证,判定时注定不过:{path}",
+                    payload={
+                        "unverifiable": list(doomed),
+                        "total": len(goal.checks),
+                        "path": str(path),
+                        "step": name,
+                    },
+                )
+            )
+        return True
+
+    return Step(
+        name,
+        spec,
+        prompt,
+        retries=retries,
+        gate=gate,
+        on_fail=on_fail,
+        when=when,
+        reduce=lambda result, ctx: ctx[GOAL_KEY].to_markdown(),
+    )
+
+
+# -- the goal guard ---------------------------------------------------------------------------
+
+
+def with_goal(
+    step: Step,
+    channel: Any,
+    *,
+    goal_path: str | Path,
+    spec: AgentSpec | None = None,
+    rounds: int = 3,
+    instructions: str = "",
+    can_run: bool = False,
+    name: str | None = None,
+    **spec_kw: Any,
+) -> Step:
+    """``step`` under a goal guard: after each round a judge rules, in a session of its own.
+
+    ``rounds`` counts every round (``rounds=3``: at most three). The result is
+    ``dataclasses.replace(step, retries=…, gate=…, on_reject=…)``, so every other field of
+    ``step`` (``resume_prompt`` above all) is kept. The judge runs as
+    ``f"{name or step.name + '·判定'}#N"`` with no session to continue, so it is a brand-new
+    session every round and never enters lineage. A round that falls short goes back into the
+    same working session with the verdict's feedback. An unreachable verdict asks the person
+    (accept, amend the goal, or "you judged wrong"); nobody answering raises StepAbort.
+    """
+    path = Path(goal_path)
+    label = name or f"{step.name}·判定"
+    judger = spec or judge(label, channel, instructions=instructions, can_run=can_run, **spec_kw)
+
+    async def gate(result: StepResult, ctx: Ctx) -> bool:
+        rt = ctx.get("_runtime")
+        if rt is None:
+            raise StepAbort(NO_RUNTIME)
+        ctx[ROUND_KEY] = n = int(ctx.get(ROUND_KEY, 0)) + 1
+        goal = _goal_of(ctx, path)
+        verdict_run = await rt.run(
+            judger,
+            VERIFY_PROMPT.format(goal=goal.prompt_block()),
+            step_name=f"{label}#{n}",
+            on_event=ctx.get("_on_event"),
+        )
+        if not verdict_run.ok:  # not a verdict at all: do not charge the worker a round for it
+            raise StepAbort(f"判定者第 {n} 轮没有跑完:{verdict_run.error or '没有结果'}")
+        verdict = Verdict.parse(verdict_run.text)
+        ctx[VERDICT_KEY] = verdict
+        if verdict.achieved:
+            return True
+        if not verdict.unreachable:
+            if not verdict.ok and not verdict.reason:
+                verdict.reason = VAGUE_REASON
+            return False
+        return await _ask_about_unreachable(channel, verdict, goal, path, ctx)
+
+    def on_reject(result: StepResult, ctx: Ctx) -> str:
+        verdict = ctx.get(VERDICT_KEY)
+        return verdict.feedback() if isinstance(verdict, Verdict) else ""
+
+    return dataclasses.replace(step, retries=max(0, rounds - 1), gate=gate, on_reject=on_reject)
+
+
+def _goal_of(ctx: Ctx, path: Path) -> Goal:
+    goal = ctx.get(GOAL_KEY)
+    if isinstance(goal, Goal) and goal.complete():
+        return goal
+    return Goal.load(path) or Goal()
+
+
+async def _ask_about_unreachable(
+    channel: Any, verdict: Verdict, goal: Goal, path: Path, ctx: Ctx
+) -> bool:
+    """The judge says the goal cannot be reached or checked here: only a person can decide."""
+    reason = verdict.reason or "(判定者没有说明理由)"
+    if channel is None:
+        raise StepAbort(f"判定为无法达成,没有人可问:{reason}")
+    asked = await channel.ask(UNREACHABLE_QUESTION.format(reason=reason), [ACCEPT, AMEND, WRONG])
+    if asked.state != "answered":
+        raise StepAbort(f"判定为无法达成,没有人回应({asked.state}):{reason}")
+    said = asked.answer.strip()
+    if said == ACCEPT:
+        return True
+    if said == AMEND:
+        again = await channel.ask(NEW_GOAL_QUESTION)
+        if again.state != "answered" or not again.answer.strip():
+            raise StepAbort(f"要修改目标,但没有收到新目标({again.state}):{reason}")
+        goal.amend(again.answer.strip()).write(path)
+        ctx[GOAL_KEY] = goal
+        return False
+    verdict.reason = f"{verdict.reason}\n人的意见:{said}".strip()
+    return False

@@ -1,0 +1,236 @@
+"""The starter flow: confirm the requirement, set the goal, do the work under the goal guard.
+
+This is what a bare ``flower-super start "do X"`` runs (seed 003's ``starter_flow``). Its
+files live in one place, defined only here: the workbench of the workspace (``<ws>/.flower``,
+or ``<ws>.parent/.flower-<ws.name>`` when the worker is isolated in git worktrees), whose
+``notes/`` hold ``需求.md``, ``目标.md`` and ``问答记录.md``.
+
+Running it again in the same place is waking up: the frozen requirement and goal are read,
+not asked for again, and the working step carries on its own session. A sentence said when
+waking lands in three places: appended to ``需求.md`` under ``## 唤醒时追加``, handed to the
+goal setter (``目标.md`` is derived again) and sent to the working session. Waking with
+nothing said appends nothing and derives nothing again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..core.human import HumanChannel
+from ..core.lineage import Lineage
+from ..core.roles import coordinator, worker
+from ..core.workbench import Workbench
+from ..docs.brief import Brief
+from ..docs.goal import Goal
+from .base import Ctx, Step, Workflow
+from .goal import GOAL_KEY, clarify_step, goal_step, with_goal
+
+FLOW_NAME = "starter"
+CLARIFY_STEP = "确认需求"
+GOAL_STEP = "设定目标"
+WORK_STEP = "干活"
+WAKE_LABEL = "唤醒时追加"
+ARCHIVE_DIR = "archive"
+
+NO_ASK = "要给一句诉求,例如 flower '帮我做一个 X'"
+NOT_GIT = "isolate=True 需要工作区是 git 仓库,{ws} 不是(先 git init,或者不开隔离)"
+
+CODER = "coder"
+CODER_DESCRIPTION = "写代码与测试。要动手实现的活派给它。"
+
+WORK_PROMPT = "照这份需求做:\n\n{brief}"
+WORK_GOAL = "\n\n做完会有判定者按下面的目标独立验收:\n\n{goal}"
+WAKE_SAID = (
+    "人在唤醒时追加了一句:{said}\n\n"
+    "需求.md 已经追加了这句,目标.md 也据此重新推导过。按新的要求接着做,不要重头来过。{goal}"
+)
+CARRY_ON = "接着上次没做完的做。先看一眼工作区里已经有的东西,从断的地方接着来,不要重头来过。"
+
+
+def _workbench_for(workspace: Path, isolate: bool) -> Workbench:
+    """The one definition of where the starter flow keeps its files."""
+    home = workspace.parent / f".flower-{workspace.name}" if isolate else None
+    return Workbench(workspace, home=home)
+
+
+def wake_state(
+    workspace: str | Path = ".",
+    *,
+    run_dir: str | Path = "runs",
+    isolate: bool = False,
+    brief_name: str = "需求.md",
+    goal_name: str = "目标.md",
+) -> dict[str, Any]:
+    """Will the starter flow carry on last time here? A read-only probe: writes no byte.
+
+    Returns ``waking`` (the brief exists with all four sections), ``brief`` and ``goal``
+    (their paths), ``checks`` (how many checklist items the goal has, 0 without one),
+    ``woke`` (how many times this workspace was woken) and ``steps`` (step name -> session).
+    """
+    ws = Path(workspace).expanduser().resolve()
+    notes = _workbench_for(ws, isolate).notes
+    brief_path, goal_path = notes / brief_name, notes / goal_name
+    brief, goal = Brief.load(brief_path), Goal.load(goal_path)
+    lineage = Lineage.open(Path(run_dir).expanduser(), ws)
+    return {
+        "waking": bool(brief is not None and brief.complete()),
+        "brief": brief_path,
+        "goal": goal_path,
+        "checks": len(goal.checks) if goal is not None else 0,
+        "woke": lineage.woke,
+        "steps": dict(lineage.steps),
+    }
+
+
+def starter_flow(
+    ask: str,
+    *,
+    workspace: str | Path = ".",
+    run_dir: str | Path = "runs",
+    new: bool = False,
+    isolate: bool = False,
+    clarify_only: bool = False,
+    goal: bool = True,
+    rounds: int = 3,
+    judge_can_run: bool = False,
+    max_asks: int | None = None,
+    timeout_s: float | None = 1800.0,
+    instructions: str = "",
+    worker_prompt: str = "你负责实现。每改一处就跑一次验证,别攒到最后。",
+    brief_name: str = "需求.md",
+    goal_name: str = "目标.md",
+    log_name: str = "问答记录.md",
+) -> Workflow:
+    """The three-step flow: 确认需求 → 设定目标 → 干活 (under the goal guard).
+
+    ``ask`` is the person's sentence: the task the first time, one more thing said when
+    waking. Raises ValueError before anything runs when ``isolate`` is asked for outside a
+    git repository, or when there is nothing to wake and ``ask`` is empty. ``new`` first
+    archives lineage.json, the brief and the goal together into
+    ``<notes>/archive/<YYYYmmdd-HHMMSS>/`` (sessions.db keeps every old session).
+    """
+    ws = Path(workspace).expanduser().resolve()
+    if isolate and not _in_git(ws):
+        raise ValueError(NOT_GIT.format(ws=ws))
+    wb = _workbench_for(ws, isolate)
+    brief_path, goal_path = wb.notes / brief_name, wb.notes / goal_name
+    said = ask.strip()
+    if new:
+        archive(ws, run_dir, wb, brief_path, goal_path)
+    frozen = Brief.load(brief_path)
+    waking = frozen is not None and frozen.complete()
+    if not waking and not said:
+        raise ValueError(NO_ASK)
+    wb.ensure()
+    channel = HumanChannel(
+        log_path=wb.notes / log_name,
+        amend_path=brief_path,
+        max_asks=max_asks,
+        timeout_s=timeout_s,
+    )
+    steps = [_clarify(channel, brief_path, said, waking, instructions)]
+    if not clarify_only:
+        judge_kw: dict[str, Any] = {"can_run": True} if judge_can_run else {}
+        if goal:
+            steps.append(
+                goal_step(
+                    channel,
+                    goal_path=goal_path,
+                    brief_key=CLARIFY_STEP,
+                    always_set=waking and bool(said),
+                    **judge_kw,
+                )
+            )
+        steps.append(
+            _work(channel, worker_prompt, isolate, said if waking else "", goal, goal_path, rounds)
+        )
+    flow = Workflow(steps, name=FLOW_NAME, channel=channel, workbench=wb)
+    flow.banner_steps = [WORK_STEP]  # type: ignore[attr-defined]
+    flow.wake_banner = lambda: _banner(brief_path, goal_path)  # type: ignore[attr-defined]
+    return flow
+
+
+def archive(
+    workspace: Path, run_dir: str | Path, wb: Workbench, brief_path: Path, goal_path: Path
+) -> Path:
+    """``--new``: lineage.json, the brief and the goal move together into
+    ``<notes>/archive/<YYYYmmdd-HHMMSS>/``; the directory exists only if something moved."""
+    lineage = Lineage.open(Path(run_dir).expanduser(), workspace)
+    return lineage.archive(wb.notes / ARCHIVE_DIR, extra=[brief_path, goal_path])
+
+
+def _clarify(channel: HumanChannel, brief_path: Path, said: str, waking: bool, extra: str) -> Step:
+    step = clarify_step(channel, brief_path=brief_path, prompt=said, instructions=extra)
+    if not (waking and said):
+        return step
+    frozen_when = step.when
+    assert frozen_when is not None
+
+    def when(ctx: Ctx) -> Any:
+        # Appended at run time, so a start that is refused (busy run_dir) changes no file.
+        if said not in _read(brief_path):
+            channel.amend(said, label=WAKE_LABEL)
+        return frozen_when(ctx)
+
+    step.when = when
+    return step
+
+
+def _work(
+    channel: HumanChannel,
+    worker_prompt: str,
+    isolate: bool,
+    said: str,
+    goal: bool,
+    goal_path: Path,
+    rounds: int,
+) -> Step:
+    coder = worker(CODER_DESCRIPTION, worker_prompt, isolate=isolate)
+    spec = coordinator("协调者", "", {CODER: coder}, channel=channel)
+
+    def goal_block(ctx: Ctx) -> str:
+        g = ctx.get(GOAL_KEY)
+        return WORK_GOAL.format(goal=g.prompt_block()) if goal and g is not None else ""
+
+    def prompt(ctx: Ctx) -> str:
+        return WORK_PROMPT.format(brief=ctx.get(CLARIFY_STEP, "")) + goal_block(ctx)
+
+    def resume_prompt(ctx: Ctx) -> str:
+        return WAKE_SAID.format(said=said, goal=goal_block(ctx)) if said else CARRY_ON
+
+    step = Step(WORK_STEP, spec, prompt, resume_prompt=resume_prompt)
+    return with_goal(step, channel, goal_path=goal_path, rounds=rounds) if goal else step
+
+
+def _banner(brief_path: Path, goal_path: Path) -> list[str]:
+    """seed 000's wake line: 需求已确认 always, 目标 N 条 only with a checklist."""
+    parts = []
+    brief = Brief.load(brief_path)
+    if brief is not None and brief.complete():
+        parts.append("需求已确认")
+    goal = Goal.load(goal_path)
+    if goal is not None and goal.checks:
+        parts.append(f"目标 {len(goal.checks)} 条")
+    return parts
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _in_git(path: Path) -> bool:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == b"true"
