@@ -254,7 +254,10 @@ class AttemptState:
     def see(self, msg: Any) -> None:
         from claude_agent_sdk import AssistantMessage, ResultMessage, SystemMessage, UserMessage
 
-        self._see_session(getattr(msg, "session_id", None))
+        sid = getattr(msg, "session_id", None)
+        if sid is None and isinstance(msg, SystemMessage) and isinstance(msg.data, dict):
+            sid = msg.data.get("session_id")  # the init message: known before any request
+        self._see_session(sid)
         if isinstance(msg, AssistantMessage):
             self._see_assistant(msg)
         elif isinstance(msg, UserMessage):

@@ -107,7 +107,8 @@ def starter_flow(
 
     ``ask`` is the person's sentence: the task the first time, one more thing said when
     waking. Raises ValueError before anything runs when ``isolate`` is asked for outside a
-    git repository, or when there is nothing to wake and ``ask`` is empty. ``new`` first
+    git repository, or when there is nothing to wake (no frozen brief, no clarifier cut off
+    mid-way) and ``ask`` is empty. ``new`` first
     archives lineage.json, the brief and the goal together into
     ``<notes>/archive/<YYYYmmdd-HHMMSS>/`` (sessions.db keeps every old session).
     """
@@ -121,7 +122,7 @@ def starter_flow(
         archive(ws, run_dir, wb, brief_path, goal_path)
     frozen = Brief.load(brief_path)
     waking = frozen is not None and frozen.complete()
-    if not waking and not said:
+    if not waking and not said and not _clarifying(ws, run_dir):
         raise ValueError(NO_ASK)
     wb.ensure()
     channel = HumanChannel(
@@ -214,6 +215,12 @@ def _banner(brief_path: Path, goal_path: Path) -> list[str]:
     if goal is not None and goal.checks:
         parts.append(f"目标 {len(goal.checks)} 条")
     return parts
+
+
+def _clarifying(workspace: Path, run_dir: str | Path) -> bool:
+    """A clarifier cut off before the brief was frozen is something to wake too: its session
+    carries on with CLARIFY_RESUME (a person re-running a killed flower types nothing)."""
+    return CLARIFY_STEP in Lineage.open(Path(run_dir).expanduser(), workspace).steps
 
 
 def _read(path: Path) -> str:
