@@ -210,11 +210,10 @@ def in_process(f: Flower, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     )
 
     async def go() -> None:
-        loop = asyncio.get_running_loop()
         run = asyncio.ensure_future(inside.seq.run(rt))
 
         def interrupt() -> None:
-            asyncio.run_coroutine_threadsafe(rt.interrupt(SENTENCE), loop).result(10)
+            rt.interrupt(SENTENCE)  # from another thread, as a UI would
 
         await asyncio.to_thread(drive, f.server, f.runs, os.getpid(), interrupt)
         await run

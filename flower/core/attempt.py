@@ -36,6 +36,9 @@ from .result import HANDOFF_DUE, Event, StepResult
 Closer = Callable[[], Awaitable[None]]
 log = logging.getLogger("flower")
 LEARN_TIMEOUT_S = 20.0
+# The CLI's first entries reach sessions.db ~100 ms after its init message; past this a
+# session announced early is announced anyway (lineage then names it, resume decides).
+EARLY_SESSION_WAIT_S = 5.0
 
 # Exceptions that say the code or its input is wrong: retrying the same call cannot help.
 _CODE_ERRORS: tuple[type[BaseException], ...] = (
@@ -239,10 +242,14 @@ class Window:
 class AttemptState:
     """Folds SDK messages into a StepResult."""
 
-    def __init__(self, call: StepCall, watch: Watch, *, ledger: Any = None) -> None:
+    def __init__(
+        self, call: StepCall, watch: Watch, *, ledger: Any = None, store: Any = None
+    ) -> None:
         self.result = StepResult(step=call.label, started_at=time.time(), attempts=call.attempt)
         self.watch = watch
         self.ledger = ledger
+        self.store = store  # asked whether a session announced early is there to resume
+        self._announcing: asyncio.Task[None] | None = None
         self.stop_at = call.stop_at
         self.headroom = call.headroom  # not None: stop_at was guessed and may be lowered
         self.stop_requested = False  # the loop's reader interrupts the CLI when it sees this
@@ -256,8 +263,9 @@ class AttemptState:
 
         sid = getattr(msg, "session_id", None)
         if sid is None and isinstance(msg, SystemMessage) and isinstance(msg.data, dict):
-            sid = msg.data.get("session_id")  # the init message: known before any request
-        self._see_session(sid)
+            self._see_early(msg.data.get("session_id"))  # the init message
+        else:
+            self._see_session(sid)
         if isinstance(msg, AssistantMessage):
             self._see_assistant(msg)
         elif isinstance(msg, UserMessage):
@@ -268,9 +276,45 @@ class AttemptState:
             self.model = str(msg.data.get("model") or "") or None
 
     def _see_session(self, sid: str | None) -> None:
-        if sid and sid != "default" and sid != self.result.session_id:
+        if self._announcing is not None and sid == self.result.session_id:
+            self._announcing.cancel()  # a later message says it: announce it now
+            self._announcing = None
+            self.watch.on_session(str(sid))
+        elif sid and sid != "default" and sid != self.result.session_id:
             self.result.session_id = sid
             self.watch.on_session(sid)
+
+    def _see_early(self, sid: Any) -> None:
+        """The init message names the session before the first request. It is announced
+        (so lineage keeps it) once sessions.db holds it: a session killed before its first
+        entries land has nothing to resume, and must not be remembered as if it had."""
+        if not isinstance(sid, str) or not sid or sid == "default" or self.result.session_id:
+            return
+        self.result.session_id = sid
+        if self.store is None or not hasattr(self.store, "has_session"):
+            self.watch.on_session(sid)
+            return
+        self._announcing = asyncio.get_running_loop().create_task(self._announce_stored(sid))
+
+    async def _announce_stored(self, sid: str) -> None:
+        deadline = time.monotonic() + EARLY_SESSION_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                if self.store.has_session(None, sid):
+                    break
+            except Exception:  # noqa: BLE001 - a store that cannot say: announce it anyway
+                break
+            await asyncio.sleep(0.02)
+        self._announcing = None
+        self.watch.on_session(sid)
+
+    def settle(self) -> None:
+        """The attempt is over: an announcement still waiting is given up (a session that
+        never reached the store by the end of its attempt is not one to resume)."""
+        if self._announcing is not None:
+            self._announcing.cancel()
+            self._announcing = None
+            self.result.session_id = None
 
     def _see_assistant(self, msg: Any) -> None:
         from claude_agent_sdk import TextBlock
@@ -356,6 +400,7 @@ class AttemptState:
             r.text = msg.result if msg.result is not None else self.last_text
 
     def finish(self) -> StepResult:
+        self.settle()
         r = self.result
         if not r.ok and self.stopped_for_handoff:
             r.error = HANDOFF_DUE
@@ -464,7 +509,10 @@ class SdkAttempt:
         call = call or self.call
         assert call.same_session_as(self.call), "run() of a call the CLI was not started for"
         state = self.state = AttemptState(
-            call, self.watch, ledger=getattr(self._seat.store, "ledger", None)
+            call,
+            self.watch,
+            ledger=getattr(self._seat.store, "ledger", None),
+            store=self._seat.store,
         )
         if self._window is not None and call.headroom is not None:
             w = self._window
