@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import sys
+import unicodedata
 from typing import Any, TextIO
 
 from flower.core.result import Event, StepResult
@@ -17,6 +18,17 @@ from flower.core.result import Event, StepResult
 from .placement import DIED
 
 RULE_WIDTH = 38
+
+
+def width(text: str) -> int:
+    """Terminal columns: East Asian wide and full-width characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def rule(name: str) -> str:
+    """seed 000's step header ``== 干活 =====…``, RULE_WIDTH columns wide (at least ``===``)."""
+    head = f"== {name} "
+    return head + "=" * max(3, RULE_WIDTH - width(head))
 
 
 def kilo(n: int) -> str:
@@ -56,9 +68,10 @@ class Terminal:
     def _ev_step(self, ev: Event) -> None:
         p = ev.payload
         pos = f"{p.get('index', 0) + 1}/{p.get('total', 1)}"
-        head = f"== {ev.step} ".ljust(RULE_WIDTH, "=") + f"  {pos}"
+        name = ev.text or ev.step  # Event("step"): the text is the step's name
+        head = rule(name) + f"  {pos}"
         if p.get("reused"):
-            self._reused.add(ev.step)
+            self._reused.add(name)
             self.say(f"{head}  ✓ 上次已完成,输入没变,直接复用(不再发给模型)")
         elif p.get("resumed"):
             self.say(f"{head}  <- 接上次 · 第 {p.get('woke', self.woke)} 次唤醒")
@@ -66,6 +79,8 @@ class Terminal:
             self.say(head)
 
     def _ev_text(self, ev: Event) -> None:
+        if ev.payload.get("subagent"):
+            return  # a worker's prose stays in its own transcript; its report reaches the main
         text = ev.text.strip()
         if text:
             self.say("  " + text.replace("\n", "\n  "))

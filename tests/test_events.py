@@ -29,8 +29,7 @@ from claude_agent_sdk import (
 )
 
 from flower.core import events
-from flower.core.attempt import context_of
-from flower.core.events import EVENT_KINDS, EventKind, is_synthetic, normalize
+from flower.core.events import EVENT_KINDS, EventKind, context_of, is_synthetic, normalize
 from flower.core.result import Event
 
 pytestmark = pytest.mark.timeout(60)

@@ -29,6 +29,7 @@ from typing import Any
 from .._errors import AttemptCrash, FlowerError
 from .agent import AgentSpec, CompactPolicy, build_options, merge_hooks
 from .call import StepCall
+from .events import context_of, normalize
 from .placement import Seat, Watch
 from .proctree import ATTEMPT_TAG, PROCS, ProcessTree
 from .result import HANDOFF_DUE, Event, StepResult
@@ -118,19 +119,6 @@ def preload() -> list[str]:
         except ImportError:
             missing.append(name)
     return missing
-
-
-def context_of(usage: dict[str, Any] | None) -> int:
-    """Tokens in play for one model turn: everything sent plus what came back."""
-    if not usage:
-        return 0
-    keys = (
-        "input_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-        "output_tokens",
-    )
-    return sum(int(usage.get(k) or 0) for k in keys)
 
 
 def options_for(call: StepCall, seat: Seat) -> Any:
@@ -274,6 +262,9 @@ class AttemptState:
             self._see_result(msg)
         elif isinstance(msg, SystemMessage) and msg.subtype == "init":
             self.model = str(msg.data.get("model") or "") or None
+        for event in normalize(msg):  # seed 003's events: text, tool calls, results, …
+            event.payload["step"] = self.result.step
+            self.watch.on_event(event)
 
     def _see_session(self, sid: str | None) -> None:
         if self._announcing is not None and sid == self.result.session_id:
@@ -331,7 +322,6 @@ class AttemptState:
             self.ledger.saw(msg)
         if texts:
             self.last_text = "\n".join(texts)
-            self.watch.on_event(Event("text", self.last_text, payload={"step": self.result.step}))
         used = context_of(msg.usage)
         if used:
             self.saw_context(used, final=msg.stop_reason == "end_turn")

@@ -162,8 +162,6 @@ def _turn(message: Any, kind: str) -> list[Event]:
         meta["parent_tool_use_id"] = message.parent_tool_use_id
     usage = getattr(message, "usage", None)
     if isinstance(usage, dict) and usage:
-        from .attempt import context_of
-
         meta["context"] = context_of(usage)
     content = message.content
     if isinstance(content, str):
@@ -268,3 +266,16 @@ def _first(meta: dict[str, Any], *keys: str) -> Any:
         if meta.get(key) is not None:
             return meta[key]
     return None
+
+
+def context_of(usage: dict[str, Any] | None) -> int:
+    """Tokens in play for one model turn: everything sent plus what came back."""
+    if not usage:
+        return 0
+    keys = (
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+    )
+    return sum(int(usage.get(k) or 0) for k in keys)

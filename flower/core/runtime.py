@@ -154,7 +154,7 @@ class Runtime:
         """The context size of ``session_id``'s last main-thread turn, read from sessions.db."""
         from claude_agent_sdk import project_key_for_directory
 
-        from .attempt import context_of
+        from .events import context_of
 
         key = {"project_key": project_key_for_directory(self.workspace), "session_id": session_id}
         try:
