@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +293,38 @@ def test_the_starter_flow_can_be_driven_in_process(tmp_path):
     state = wake_state(tmp_path, run_dir=tmp_path / "runs")
     assert state["waking"] is False and state["woke"] == 0 and state["checks"] == 0
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_question_asked_in_the_child_is_answered_at_the_supervisors_terminal(
+    model_server, flower_env
+):
+    server = model_server(
+        {
+            "conversations": [
+                conv("clarify", ASKS_FIRST, marker="[[ask]]"),
+                conv("coordinate", ["做完了。"], marker=WORK_MARK),
+            ]
+        }
+    )
+    f: Flower = flower_env(server)
+    proc = f.start(ASK, "--timeout", "60", "--no-goal", stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    server.wait_for(lambda reqs: [r for r in reqs if r.conversation == "clarify"], timeout=60)
+    proc.stdin.write(b"1\n")  # the first option, typed at the supervisor's prompt
+    proc.stdin.flush()
+    out, _ = proc.communicate(timeout=120)
+    text = out.decode("utf-8", "replace")
+    assert proc.returncode == 0, text
+    assert "? 输出放哪个文件?" in text and "1. out.html" in text, text
+    (after,) = [r for r in asked(server, "clarify") if r.turn == 1]
+    results = [
+        b
+        for m in after.messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
+    assert results and "out.html" in json.dumps(results, ensure_ascii=False), results
+    log = (notes(f) / "问答记录.md").read_text(encoding="utf-8")
+    assert "[answered]" in log and "out.html" in log, log
+    f.assert_no_survivors()
