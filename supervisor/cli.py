@@ -155,7 +155,9 @@ def start(
             run_dir=run_dir.expanduser().absolute(),
             new=new,
             trim=not no_trim,
-            command=_resume_command(flow_ref, run_dir, workspace),
+            command=_resume_command(
+                flow_ref, run_dir, workspace, _starter_options(rounds, timeout_s, no_goal)
+            ),
             archive=bool(flow_ref),
         )
         code = run_start(wf, args, Terminal())
@@ -164,11 +166,22 @@ def start(
     sys.exit(code)
 
 
-def _resume_command(flow_ref: str | None, run_dir: Path, workspace: Path | None) -> list[str]:
+def _starter_options(rounds: int, timeout_s: float, no_goal: bool) -> list[str]:
+    """The starter flow's options as given (only those not at their default)."""
+    out = [] if rounds == 3 else ["--rounds", str(rounds)]
+    out += [] if timeout_s == 1800.0 else ["--timeout", f"{timeout_s:g}"]
+    return out + (["--no-goal"] if no_goal else [])
+
+
+def _resume_command(
+    flow_ref: str | None, run_dir: Path, workspace: Path | None, options: list[str] | None = None
+) -> list[str]:
     """The command that carries this run on later (shown by status for a dead run)."""
     cmd = ["flower-super", "start"]
     if flow_ref:
         cmd += ["--flow", flow_ref]
+    else:
+        cmd += options or []
     cmd += ["-r", str(run_dir.expanduser().absolute())]
     cmd += ["-w", str((workspace or Path.cwd()).expanduser().resolve())]
     return cmd

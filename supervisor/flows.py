@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import flower
-from flower import ConfigError
+from flower import ConfigError, RunDirBusy
+from flower.core.credentials import check_credentials, load_dotenv
+from flower.core.registry import Registry
 from flower.workflow import Workflow
 from flower.workflow.starter import starter_flow
 
@@ -31,7 +33,12 @@ def starter(
     timeout_s: float,
     goal: bool = True,
 ) -> Workflow:
-    """The starter flow a bare ``flower-super start`` runs; its refusals are one line."""
+    """The starter flow a bare ``flower-super start`` runs; its refusals are one line.
+
+    ``--new`` moves files, so everything that could still refuse the start is checked
+    first: a sentence to start over with, credentials, no live flower in the run_dir."""
+    if new:
+        _check_before_archiving(ask, workspace, run_dir)
     try:
         return starter_flow(
             ask,
@@ -46,6 +53,29 @@ def starter(
         raise ConfigError(
             str(exc), hint='for example: flower-super start "写个 md 转 html 的脚本"'
         ) from None
+
+
+def _check_before_archiving(ask: str, workspace: Path, run_dir: Path) -> None:
+    if not ask.strip():
+        raise ConfigError(
+            "--new starts a new thing and needs a sentence saying what",
+            hint='flower-super start --new "另一件事"',
+        )
+    load_dotenv(workspace, Path.cwd())
+    check_credentials()
+    refuse_new_while_live(run_dir)
+
+
+def refuse_new_while_live(run_dir: Path) -> None:
+    """``--new`` moves lineage.json: not while a live flower uses this run_dir."""
+    if run_dir.is_dir():
+        live = Registry(run_dir).live()
+        if live:
+            raise RunDirBusy(
+                f"run_dir {run_dir} is in use by flower pid {live[0].pid}; --new would move "
+                "its lineage.json away",
+                hint="wait for it to finish or stop it, or use another --run-dir (-r)",
+            )
 
 
 def load_flow(ref: str, ask: str = "") -> Workflow:

@@ -22,17 +22,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flower import FlowerError, Runtime, Workbench
 from flower.core.attempt import preload
 from flower.core.proctree import PROCS
 from flower.core.registry import INTERRUPTED, KILLED
 from flower.workflow import Workflow
+from flower.workflow.goal import MISSING_KEY, VERDICT_KEY
+from flower.workflow.starter import CLARIFY_STEP, WORK_STEP, archive
 
+from .flows import refuse_new_while_live
 from .placement import Forked
 from .terminal import Terminal, show_warnings
-
-ARCHIVE_EXTRA = ("需求.md", "目标.md")
 
 
 @dataclass
@@ -62,6 +64,7 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
     )
     term.channel = wf.channel
     if args.new and args.archive:
+        refuse_new_while_live(rt.run_dir)
         _archive(rt, wf, term)
     try:
         return asyncio.run(_main(wf, rt, args, term))
@@ -71,11 +74,10 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
 
 def _archive(rt: Runtime, wf: Workflow, term: Terminal) -> None:
     """``--new`` for a flow of the person's own: lineage.json and the frozen 需求.md/目标.md
-    (in the flow's workbench notes, or at the workspace root) move to notes/archive/<ts>/."""
+    of the flow's workbench notes (or ``<workspace>/.flower/notes``) move to
+    notes/archive/<ts>/, as the starter flow does it."""
     notes = wf.workbench.notes if isinstance(wf.workbench, Workbench) else None
-    notes = notes or Workbench(rt.workspace).notes
-    extra = [d / n for d in (notes, rt.workspace) for n in ARCHIVE_EXTRA]
-    into = rt.lineage().archive(notes / "archive", extra=extra)
+    into = archive(rt.workspace, rt.run_dir, notes or Workbench(rt.workspace).notes)
     if into.exists():
         term.say(f"-- 重开一件事:上次的血缘和冻结件已归档到 {into}")
 
@@ -98,13 +100,26 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
-        result = ctx["_results"].get(stopped)
-        why = ctx.get("_aborted") or (result.error if result is not None else "") or "没通过"
-        term.say(f"在步骤 '{stopped}' 中止:{why}")
+        term.say(f"在步骤 '{stopped}' 中止:{_why_stopped(ctx, stopped)}")
         term.say("-- 在同一个目录再跑一次会从这里接着做。")
         return 1
     term.say(f"-- 完成 · 第 {ctx['_woke']} 次唤醒 · run {rt.run_id}")
     return 0
+
+
+def _why_stopped(ctx: dict[str, Any], step: str) -> str:
+    """The stopped step's own reason: its StepAbort, what its gate found, or its error."""
+    if ctx.get("_aborted_step") == step and ctx.get("_aborted"):
+        return str(ctx["_aborted"])
+    result = ctx["_results"].get(step)
+    if result is not None and not result.ok and result.error:
+        return str(result.error)
+    verdict = ctx.get(VERDICT_KEY)
+    if step == WORK_STEP and verdict is not None:
+        return f"轮数用完,目标还没达成:{verdict.reason or '判定者没给理由'}"
+    if ctx.get(MISSING_KEY) and step == CLARIFY_STEP:
+        return f"需求确认书还缺:{'、'.join(ctx[MISSING_KEY])}"
+    return "没通过它的检查"
 
 
 async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:

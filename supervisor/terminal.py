@@ -7,6 +7,8 @@ shown or asked arrives as ``event`` / ``ask`` messages and is rendered here.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import os
 import sys
@@ -44,7 +46,11 @@ class Terminal:
         self.woke = 1
         self._reused: set[str] = set()
         self.channel: Any = None  # the flow's HumanChannel: its questions are answered here
-        self._asking: set[asyncio.Task[None]] = set()
+        self._asking: dict[str, asyncio.Task[None]] = {}
+        self._waiters: collections.deque[asyncio.Future[str | None]] = collections.deque()
+        self._buf = bytearray()
+        self._reading = False
+        self._eof = False
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -125,28 +131,38 @@ class Terminal:
         if p.get("kind") == "mail":
             self.say(f"  ~ 你说:{ev.text}")
             return
-        if p.get("state") != "asked":  # answered at once (unattended, quota used up …)
-            self.say(f"? {ev.text}  ({p.get('state')})")
+        qid = str(p.get("id", ""))
+        if p.get("state") != "asked":  # settled: at once (unattended, quota …) or meanwhile
+            waiting = self._asking.pop(qid, None)
+            if waiting is None:
+                self.say(f"? {ev.text}  ({p.get('state')})")
+            elif not waiting.done():
+                waiting.cancel()  # nobody answered in time: its prompt gives its place up
+                self.say(f"  ({p.get('state')}: {ev.text})")
             return
         task = asyncio.get_running_loop().create_task(self._answer(ev))
-        self._asking.add(task)
-        task.add_done_callback(self._asking.discard)
+        self._asking[qid] = task
+        task.add_done_callback(lambda _t: self._asking.pop(qid, None))
 
     async def _answer(self, ev: Event) -> None:
         options = [str(o) for o in ev.payload.get("options") or []]
-        self.say(f"? {ev.text}")
-        for i, opt in enumerate(options, 1):
-            self.say(f"  {i}. {opt}")
-        line = await self.read_line("> (回车 = 跳过,让它自己判断) ")
+        self._show_question(ev.text, options)
+        line = pick(await self.read_line("> (回车 = 跳过,让它自己判断) "), options)
         ch, qid = self.channel, str(ev.payload.get("id", ""))
         if ch is None:
             return
-        if not line:
-            ch.decline(qid)
-        elif options and line.isdigit() and 1 <= int(line) <= len(options):
-            ch.answer(qid, options[int(line) - 1])
-        else:
+        if line:
             ch.answer(qid, line)
+        else:
+            ch.decline(qid)
+
+    def _ev_task(self, ev: Event) -> None:
+        """goal_step's warning: checks that cannot be verified here fail every verdict."""
+        doomed = ev.payload.get("unverifiable")
+        if doomed:
+            self.say(f"! {ev.text}")
+            for item in doomed:
+                self.say(f"    - {item}")
 
     def step_done(self, result: StepResult) -> None:
         if result.step in self._reused:
@@ -160,47 +176,85 @@ class Terminal:
     # -- asking -----------------------------------------------------------------------
 
     async def read_line(self, prompt: str) -> str | None:
-        """One line typed by the person; None when stdin is closed or not readable."""
+        """One line typed by the person; None when stdin is closed or not readable.
+
+        One reader serves every prompt (a question and the Ctrl-C sentence may wait at the
+        same time): lines go to the waiting prompts oldest first, a line typed before any
+        prompt waits for the next one, and a cancelled prompt gives its place up."""
         self.out.write(prompt)
         self.out.flush()
+        line = self._take_line()
+        if line is not None or self._eof:
+            return line
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[str | None] = loop.create_future()
-        buf = bytearray()
-
-        def on_readable() -> None:
+        self._waiters.append(fut)
+        if not self._reading:
             try:
-                data = os.read(self.stdin_fd, 4096)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                data = b""
-            if not data:
-                _finish(bytes(buf) or None)
-                return
-            buf.extend(data)
-            if b"\n" in buf:
-                _finish(bytes(buf).split(b"\n", 1)[0])
-
-        def _finish(raw: bytes | None) -> None:
-            loop.remove_reader(self.stdin_fd)
-            if not fut.done():
-                fut.set_result(None if raw is None else raw.decode("utf-8", "replace").strip())
-
+                loop.add_reader(self.stdin_fd, self._on_readable)
+            except (OSError, ValueError, PermissionError):
+                self._waiters.remove(fut)
+                return None
+            self._reading = True
         try:
-            loop.add_reader(self.stdin_fd, on_readable)
-        except (OSError, ValueError, PermissionError):
+            return await fut
+        finally:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+            if not self._waiters and self._reading:
+                self._stop_reading()
+
+    def _take_line(self) -> str | None:
+        if b"\n" not in self._buf:
             return None
-        return await fut
+        raw, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf[:] = rest
+        return raw.decode("utf-8", "replace").strip()
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self.stdin_fd, 4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._eof = True
+            last = bytes(self._buf).decode("utf-8", "replace").strip() or None
+            self._buf.clear()
+            self._stop_reading()
+            for fut in list(self._waiters):
+                if not fut.done():
+                    fut.set_result(last)
+                    last = None
+            return
+        self._buf.extend(data)
+        while self._waiters and b"\n" in self._buf:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(self._take_line())
+
+    def _stop_reading(self) -> None:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            asyncio.get_running_loop().remove_reader(self.stdin_fd)
+        self._reading = False
 
     async def ask(self, msg: Any) -> str | None:
-        options = list(getattr(msg, "options", []) or [])
-        self.say(f"? {msg.question}")
+        options = [str(o) for o in getattr(msg, "options", []) or []]
+        self._show_question(str(msg.question), options)
+        return pick(await self.read_line("> "), options)
+
+    def _show_question(self, question: str, options: list[str]) -> None:
+        self.say(f"? {question}")
         for i, opt in enumerate(options, 1):
             self.say(f"  {i}. {opt}")
-        line = await self.read_line("> ")
-        if line and options and line.isdigit() and 1 <= int(line) <= len(options):
-            return str(options[int(line) - 1])
-        return line
+
+
+def pick(line: str | None, options: list[str]) -> str | None:
+    """What the person chose: an option's number means that option, else what they typed."""
+    if line and options and line.isdigit() and 1 <= int(line) <= len(options):
+        return options[int(line) - 1]
+    return line
 
 
 class WarningLines(logging.Handler):

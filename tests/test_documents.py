@@ -718,3 +718,17 @@ def test_round_trip_through_files(tmp_path: Path) -> None:
         assert Brief.load(brief.write(tmp_path / f"b{i}.md")) == brief
         goal = Goal(_text(rng, ALIASES["goal"]), _items(rng))
         assert Goal.load(goal.write(tmp_path / f"g{i}.md")) == goal
+
+
+@pytest.mark.parametrize(
+    ("conclusion", "state"),
+    [
+        ("达成\n上一轮未通过的两条这轮都过了", "achieved"),
+        ("达成。\n无法验证的条目:无", "achieved"),
+        ("**未达成**\n大部分达成了", "not_yet"),
+        ("无法验证\n这里没有 macOS,其余都达成", "unreachable"),
+        ("达成(上一轮未通过的两条这轮都过了)", "not_yet"),  # one line: the table decides
+    ],
+)
+def test_a_first_line_that_is_one_state_word_decides(conclusion: str, state: str) -> None:
+    assert Verdict.parse(f"## 结论\n{conclusion}\n## 理由\nx").state == state

@@ -207,7 +207,9 @@ def test_new_archives_lineage_and_starts_a_fresh_session(model_server, flower_en
         }
     )
     f: Flower = flower_env(server)
-    (f.ws / "需求.md").write_text("# 需求\n")
+    notes = f.ws / ".flower" / "notes"
+    notes.mkdir(parents=True)
+    (notes / "需求.md").write_text("# 需求\n")
     code, out = f.run(flow="tests.flows.basic:one")
     assert code == 0, out
     old = f.lineage()["steps"]["only"]
@@ -219,7 +221,7 @@ def test_new_archives_lineage_and_starts_a_fresh_session(model_server, flower_en
     assert lineage["woke"] == 1 and lineage["steps"]["only"] != old
     (archive,) = (f.ws / ".flower" / "notes" / "archive").iterdir()
     assert json.loads((archive / "lineage.json").read_text())["steps"]["only"] == old
-    assert (archive / "需求.md").exists() and not (f.ws / "需求.md").exists()
+    assert (archive / "需求.md").exists() and not (notes / "需求.md").exists()
     assert (f.runs / "sessions.db").stat().st_size >= db, "sessions.db is never touched by --new"
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from flower.core.human import TIMEOUT
 from flower.testing.model_server import ModelServer, RecordedRequest
 from flower.workflow.goal import CLARIFY_RESUME
 
@@ -93,6 +94,13 @@ WORK = [
 ]
 
 
+def results_in(req: RecordedRequest) -> list[dict[str, Any]]:
+    """The tool_result blocks of the request's last message."""
+    last = req.messages[-1]
+    blocks = last["content"] if isinstance(last["content"], list) else []
+    return [b for b in blocks if b.get("type") == "tool_result"]
+
+
 def asked(server: ModelServer, name: str) -> list[RecordedRequest]:
     return [r for r in server.requests if r.path == "/v1/messages" and r.conversation == name]
 
@@ -141,7 +149,9 @@ def test_first_start_freezes_brief_and_goal_and_the_judge_sends_the_work_back(
     log = (notes(f) / "问答记录.md").read_text(encoding="utf-8")
     assert "输出放哪个文件?" in log
     clar = asked(server, "clarify")
-    assert len(clar) == 2 and clar[1].texts(), clar
+    assert len(clar) == 2, clar
+    answered = json.dumps(results_in(clar[1]), ensure_ascii=False)
+    assert json.dumps(TIMEOUT, ensure_ascii=False)[1:-1] in answered, answered
 
     rows = {r["step"]: r for r in f.manifest()}
     assert {"确认需求", "设定目标", "干活", "干活#round2", "干活·判定#1", "干活·判定#2"} <= set(
@@ -153,7 +163,9 @@ def test_first_start_freezes_brief_and_goal_and_the_judge_sends_the_work_back(
     assert rows["干活#round2"]["session_id"] == work
     feedback = [r for r in asked(server, "coordinate") if r.turn == 2]
     assert feedback and feedback[0].session_id == work
-    assert any("还没有写完" in t or "out.txt 里写着 DONE" in t for t in feedback[0].texts())
+    last = feedback[0].messages[-1]
+    told = json.dumps(last["content"], ensure_ascii=False)
+    assert last["role"] == "user" and "还没有写完" in told, told
     # Every judge request is a session never seen before, and none is in lineage.json.
     judges = set(sessions_of(server, "judge")) | set(sessions_of(server, "judge-met"))
     assert len(judges) == 2
@@ -285,14 +297,16 @@ def test_an_empty_ask_with_nothing_to_wake_is_one_line_and_no_request(model_serv
     assert not (f.ws / ".flower").exists() and not (f.runs / "lineage.json").exists()
 
 
-def test_the_starter_flow_can_be_driven_in_process(tmp_path):
-    """wake_state writes nothing, before or after."""
-    from flower import wake_state
-
-    before = sorted(tmp_path.rglob("*"))
-    state = wake_state(tmp_path, run_dir=tmp_path / "runs")
-    assert state["waking"] is False and state["woke"] == 0 and state["checks"] == 0
-    assert sorted(tmp_path.rglob("*")) == before
+def test_new_without_a_sentence_is_one_line_and_moves_nothing(model_server, flower_env):
+    server = model_server({"default": ["不该有请求"]})
+    f: Flower = flower_env(server)
+    notes(f).mkdir(parents=True)
+    (notes(f) / "需求.md").write_text(BRIEF, encoding="utf-8")
+    code, out = f.run("--new", "--timeout", "0", timeout=60)
+    assert code == 2 and "--new" in out and "Traceback" not in out, out
+    assert (notes(f) / "需求.md").read_text(encoding="utf-8") == BRIEF
+    assert not (notes(f) / "archive").exists()
+    assert not [r for r in server.requests if r.path == "/v1/messages"]
 
 
 def test_a_question_asked_in_the_child_is_answered_at_the_supervisors_terminal(
@@ -317,13 +331,7 @@ def test_a_question_asked_in_the_child_is_answered_at_the_supervisors_terminal(
     assert proc.returncode == 0, text
     assert "? 输出放哪个文件?" in text and "1. out.html" in text, text
     (after,) = [r for r in asked(server, "clarify") if r.turn == 1]
-    results = [
-        b
-        for m in after.messages
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b.get("type") == "tool_result"
-    ]
+    results = results_in(after)
     assert results and "out.html" in json.dumps(results, ensure_ascii=False), results
     log = (notes(f) / "问答记录.md").read_text(encoding="utf-8")
     assert "[answered]" in log and "out.html" in log, log

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ def test_unreachable_asks_the_person(tmp_path, answers, calls, passed):
     if answers[0] == AMEND:
         assert "也要能在 linux 上跑" in Goal.load(goal_path).statement
         assert "也要能在 linux 上跑" in rt.calls[3]["prompt"]  # the next judge reads it
+        assert "也要能在 linux 上跑" in rt.calls[2]["prompt"]  # and the worker is told
     if len(answers) == 1 and answers[0] != ACCEPT:
         assert answers[0] in rt.calls[2]["prompt"], "the person's words did not reach the work"
 
@@ -361,3 +363,60 @@ def test_new_archives_lineage_brief_and_goal_together(tmp_path):
         not (notes / "需求.md").exists()
         and wake_state(tmp_path, run_dir=tmp_path / "runs")["woke"] == 0
     )
+
+
+def test_judge_can_run_reaches_the_goal_setter_and_every_round_judge(tmp_path):
+    wf = starter_flow(
+        "做个 X", workspace=tmp_path, run_dir=tmp_path / "runs", timeout_s=0, judge_can_run=True
+    )
+    rt = FakeRuntime(
+        tmp_path,
+        {"确认需求": ["text:" + BRIEF], "设定目标": ["text:" + GOAL], "干活·判定#1": [MET]},
+    )
+    run(wf, rt)
+    tools = {c["label"]: c["spec"].allowed_tools for c in rt.calls}
+    assert "Bash" in tools["设定目标"] and "Bash" in tools["干活·判定#1"]
+    plain = starter_flow("做个 Y", workspace=tmp_path / "b", run_dir=tmp_path / "rb", timeout_s=0)
+    rt2 = FakeRuntime(
+        tmp_path / "b",
+        {"确认需求": ["text:" + BRIEF], "设定目标": ["text:" + GOAL], "干活·判定#1": [MET]},
+    )
+    run(plain, rt2)
+    assert not any("Bash" in c["spec"].allowed_tools for c in rt2.calls if "判定" in c["label"])
+
+
+def test_a_restart_of_a_cut_off_clarifier_continues_it_with_the_new_sentence(tmp_path):
+    runs = tmp_path / "runs"
+    wf = starter_flow("做个 X", workspace=tmp_path, run_dir=runs, timeout_s=0)
+    rt = FakeRuntime(tmp_path, {"确认需求": ["killed"]})  # the clarifier never froze a brief
+    run(wf, rt)
+    wf2 = starter_flow("其实要做 Y", workspace=tmp_path, run_dir=runs, timeout_s=0, goal=False)
+    rt2 = FakeRuntime(tmp_path, {"确认需求": ["text:" + BRIEF]})
+    run(wf2, rt2)
+    cut_off = json.loads((runs / "lineage.json").read_text())["steps"]["确认需求"]
+    first = rt2.calls[0]
+    assert first["resume"] == cut_off
+    assert CLARIFY_RESUME in first["prompt"] and "其实要做 Y" in first["prompt"]
+
+
+def test_a_lineage_naming_a_clarifier_gone_from_sessions_db_is_nothing_to_wake(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "lineage.json").write_text(
+        json.dumps({"workspace": str(tmp_path), "woke": 1, "steps": {"确认需求": "gone"}})
+    )
+    # no sessions.db: nothing holds that session
+    with pytest.raises(ValueError, match="要给一句诉求"):
+        starter_flow("", workspace=tmp_path, run_dir=runs)
+
+
+def test_what_the_person_said_during_clarifying_survives_the_freeze(tmp_path):
+    brief = tmp_path / "notes" / "需求.md"
+    ch = HumanChannel(timeout_s=0, amend_path=brief)
+    assert ch.amend("记得支持 Windows")  # said while the clarifier was asking
+    step = clarify_step(ch, brief_path=brief, prompt="做个 X")
+    ctx = run(Workflow([step]), FakeRuntime(tmp_path, {"确认需求": ["text:" + BRIEF]}))
+    text = brief.read_text(encoding="utf-8")
+    assert "记得支持 Windows" in text and Brief.load(brief).complete()
+    assert "记得支持 Windows" in ctx["确认需求"]
+    assert oct(brief.stat().st_mode & 0o777) == "0o600"

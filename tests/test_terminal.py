@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import os
 
 import pytest
 
-from flower import Event
+from flower import Event, HumanChannel
 from supervisor.terminal import Terminal, rule
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,3 +49,46 @@ def test_a_question_already_settled_is_shown_with_its_state_and_mail_as_said():
     settled = Event("ask", "要哪个?", payload={"id": "q1", "state": "timeout", "options": []})
     mail = Event("ask", "先写测试", payload={"kind": "mail"})
     assert lines(settled, mail) == ["? 要哪个?  (timeout)", "  ~ 你说:先写测试"]
+
+
+def test_one_reader_serves_every_prompt_oldest_first():
+    read, write = os.pipe()
+    term = Terminal(io.StringIO(), stdin_fd=read)
+
+    async def main() -> list[str | None]:
+        os.write(write, "早打的\n".encode())  # typed before any prompt: kept for the first
+        first = await term.read_line("> ")
+        a = asyncio.ensure_future(term.read_line("question> "))
+        b = asyncio.ensure_future(term.read_line("sentence> "))
+        c = asyncio.ensure_future(term.read_line("gone> "))
+        await asyncio.sleep(0)
+        c.cancel()  # a prompt whose question timed out gives its place up
+        os.write(write, b"1\nsecond\nthird\n")
+        got = [await a, await b]
+        later = await term.read_line("> ")
+        os.close(write)
+        return [first, *got, later, await term.read_line("> ")]
+
+    try:
+        assert asyncio.run(main()) == ["早打的", "1", "second", "third", None]
+    finally:
+        os.close(read)
+
+
+def test_a_question_from_the_channel_is_answered_with_the_chosen_option():
+    read, write = os.pipe()
+    term = Terminal(io.StringIO(), stdin_fd=read)
+    ch = HumanChannel(timeout_s=10)
+    term.channel = ch
+    ch.on_event = term.on_event
+
+    async def main() -> tuple[str, str]:
+        os.write(write, b"2\n")
+        asked = await ch.ask("要哪个?", ["甲", "乙"])
+        return asked.state, asked.answer
+
+    try:
+        assert asyncio.run(main()) == ("answered", "乙")
+    finally:
+        os.close(read)
+        os.close(write)

@@ -33,7 +33,9 @@ class FakePlacement:
 
     async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
         label, prompt, resume, fork = call.label, call.prompt, call.resume, call.fork
-        self.rt.calls.append({"label": label, "prompt": prompt, "resume": resume, "fork": fork})
+        self.rt.calls.append(
+            {"label": label, "prompt": prompt, "resume": resume, "fork": fork, "spec": call.spec}
+        )
         planned = self.script.get(label, [])
         outcome = planned.pop(0) if planned else "ok"
         sid = resume if (resume and not fork) else f"s-{label}-{next(_ids)}"

@@ -272,6 +272,9 @@ class AttemptState:
             self._announcing = None
             self.watch.on_session(str(sid))
         elif sid and sid != "default" and sid != self.result.session_id:
+            if self._announcing is not None:  # another session took over: drop the early one
+                self._announcing.cancel()
+                self._announcing = None
             self.result.session_id = sid
             self.watch.on_session(sid)
 
@@ -297,7 +300,8 @@ class AttemptState:
                 break
             await asyncio.sleep(0.02)
         self._announcing = None
-        self.watch.on_session(sid)
+        if sid == self.result.session_id:  # not replaced by another session meanwhile
+            self.watch.on_session(sid)
 
     def settle(self) -> None:
         """The attempt is over: an announcement still waiting is given up (a session that

@@ -472,7 +472,7 @@ class HumanChannel:
                     return str(path) if report_present else ""
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 _append(path, f"\n## {label}({stamp})\n{text}\n", AMEND_HEADER)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: a file that is not UTF-8
                 log.warning("could not append to %s: %s", path, exc)
                 return ""
         return str(path)
@@ -599,6 +599,22 @@ def _wake_soon(fut: asyncio.Future[None]) -> None:
     """Resolve ``fut`` on its own loop, from whatever thread this is."""
     with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is waiting
         fut.get_loop().call_soon_threadsafe(_wake, fut)
+
+
+_AMENDED_BLOCK = re.compile(
+    r"^## [^\n]*\(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\)\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL
+)
+
+
+def amendments(path: str | Path) -> str:
+    """The sections :meth:`HumanChannel.amend` appended to ``path`` (``## <label>(<time>)``
+    and their text), in order; "" when there are none or the file cannot be read. A frozen
+    document rewritten over them keeps them by appending this."""
+    try:
+        content = Path(path).read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return ""
+    return "".join("\n" + m.group(0).strip("\n") + "\n" for m in _AMENDED_BLOCK.finditer(content))
 
 
 def _already_amended(path: Path, text: str) -> bool:

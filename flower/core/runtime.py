@@ -321,7 +321,7 @@ class Runtime:
         happens when no step of this Runtime is running.
         """
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if loop is None or loop.is_closed() or self.in_flight is None:
             return
         try:
             here = asyncio.get_running_loop()

@@ -54,8 +54,8 @@ def list_items(body: str) -> list[str]:
 class Goal:
     """A goal: ``statement`` (目标) and ``checks`` (判定清单), both required (seed 003, 文书).
 
-    ``path`` is where it was written or loaded from; like the brief's, it takes no part in
-    equality (a goal read back from its file equals the goal that was written).
+    ``path`` is where it was written or loaded from. Unlike the brief's, the reference makes
+    it part of equality: a goal read back from its file equals one whose ``path`` is set.
     """
 
     statement: str = ""

@@ -193,7 +193,15 @@ class Verdict:
 
 
 def _state_of(conclusion: str) -> str:
-    """Steps 3 and 4 of :meth:`Verdict.parse` on one conclusion text."""
+    """Steps 3 and 4 of :meth:`Verdict.parse` on one conclusion text.
+
+    A first line that is nothing but one state word (what VERIFY_PROMPT asks the judge for:
+    ``达成`` then the details below) is that state; only otherwise is the whole text searched,
+    longest word first, so a note under a clear ``达成`` cannot turn it into another state."""
+    first = re.sub(r"[\s。.!!::*`]+", "", conclusion.strip().split("\n", 1)[0])
+    for state, words in STATE_WORDS.items():
+        if first and first.lower() in {w.lower() for w in words}:
+            return state
     for pattern, state in _WORDS:
         if pattern.search(conclusion):
             return state

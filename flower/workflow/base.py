@@ -284,6 +284,7 @@ class _Run:
                     passed = bool(await _maybe_await(step.gate(result, ctx)))
                 except StepAbort as exc:
                     ctx["_aborted"] = str(exc)
+                    ctx["_aborted_step"] = step.name
                     passed = False
                     break
             if passed:

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.agent import AgentSpec
+from ..core.human import amendments
 from ..core.result import Event, StepResult
 from ..core.roles import clarify, judge
-from ..docs.brief import Brief
+from ..docs.brief import Brief, write_document
 from ..docs.goal import Goal
 from ..docs.verdict import VAGUE_REASON, Verdict
 from .base import Ctx, Step, StepAbort
@@ -34,6 +35,7 @@ MISSING_KEY = "_brief_missing"
 GOAL_KEY = "_goal"
 VERDICT_KEY = "_verdict"
 ROUND_KEY = "_goal_rounds"
+AMENDED_KEY = "_goal_amended"  # set when the person amended the goal in this round
 
 NO_BRIEF = "(没有确认书)"
 
@@ -63,7 +65,7 @@ VERIFY_PROMPT = (
     "独立判定下面这个目标现在是否已经达成。"
     "不要相信任何人的汇报:亲自去看工作区里实际的文件和结果,逐条对照判定清单。\n\n"
     "按三段回答:\n"
-    "## 结论\n达成 / 未达成 / 无法验证,三选一。"
+    "## 结论\n第一行只写一个词:达成 / 未达成 / 无法验证,三选一;要补充的写在下一行。"
     "清单里有在这个环境里验证不了的条目,结论就是 无法验证。\n\n"
     "## 理由\n简短说明依据。\n\n"
     "## 未通过\n- 每行一条没有通过的清单条目;都通过就写 无。\n\n"
@@ -76,6 +78,7 @@ ACCEPT = "接受这个结果,就这样往下走"
 AMEND = "修改目标"
 WRONG = "你判断错了"
 UNREACHABLE_QUESTION = "判定者认为这个目标在当前环境里无法验证或无法达成:\n{reason}\n\n怎么处理?"
+GOAL_AMENDED = "目标刚被人修改过,下一轮按修改后的目标做,判定者也按它判:"
 NEW_GOAL_QUESTION = "新的目标是什么?(会追加在原目标后面)"
 
 
@@ -124,7 +127,11 @@ def clarify_step(
         if not brief.complete():
             ctx[MISSING_KEY] = brief.missing()
             return False
+        kept = amendments(path)  # what the person said meanwhile (channel.send) stays
         brief.write(path)
+        if kept:
+            write_document(path, brief.to_markdown() + kept)
+            brief = Brief.load(path) or brief
         pour(ctx, brief)
         return True
 
@@ -275,7 +282,10 @@ def with_goal(
 
     def on_reject(result: StepResult, ctx: Ctx) -> str:
         verdict = ctx.get(VERDICT_KEY)
-        return verdict.feedback() if isinstance(verdict, Verdict) else ""
+        feedback = verdict.feedback() if isinstance(verdict, Verdict) else ""
+        if ctx.pop(AMENDED_KEY, False):
+            feedback = f"{feedback}\n\n{GOAL_AMENDED}\n\n{_goal_of(ctx, path).prompt_block()}"
+        return feedback.strip()
 
     return dataclasses.replace(step, retries=max(0, rounds - 1), gate=gate, on_reject=on_reject)
 
@@ -306,6 +316,7 @@ async def _ask_about_unreachable(
             raise StepAbort(f"要修改目标,但没有收到新目标({again.state}):{reason}")
         goal.amend(again.answer.strip()).write(path)
         ctx[GOAL_KEY] = goal
+        ctx[AMENDED_KEY] = True  # the next round is told the new goal, not only the verdict
         return False
     verdict.reason = f"{verdict.reason}\n人的意见:{said}".strip()
     return False

@@ -14,6 +14,7 @@ nothing said appends nothing and derives nothing again.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ from ..core.roles import coordinator, worker
 from ..core.workbench import Workbench
 from ..docs.brief import Brief
 from ..docs.goal import Goal
+from ..stores.dbfile import has_transcript
 from .base import Ctx, Step, Workflow
-from .goal import GOAL_KEY, clarify_step, goal_step, with_goal
+from .goal import CLARIFY_RESUME, GOAL_KEY, clarify_step, goal_step, with_goal
 
 FLOW_NAME = "starter"
 CLARIFY_STEP = "确认需求"
@@ -119,7 +121,7 @@ def starter_flow(
     brief_path, goal_path = wb.notes / brief_name, wb.notes / goal_name
     said = ask.strip()
     if new:
-        archive(ws, run_dir, wb, brief_path, goal_path)
+        archive(ws, run_dir, wb.notes, brief_name=brief_name, goal_name=goal_name)
     frozen = Brief.load(brief_path)
     waking = frozen is not None and frozen.complete()
     if not waking and not said and not _clarifying(ws, run_dir):
@@ -131,7 +133,7 @@ def starter_flow(
         max_asks=max_asks,
         timeout_s=timeout_s,
     )
-    steps = [_clarify(channel, brief_path, said, waking, instructions)]
+    steps = [_clarify(channel, brief_path, said, waking, instructions, ws, run_dir)]
     if not clarify_only:
         judge_kw: dict[str, Any] = {"can_run": True} if judge_can_run else {}
         if goal:
@@ -145,7 +147,15 @@ def starter_flow(
                 )
             )
         steps.append(
-            _work(channel, worker_prompt, isolate, said if waking else "", goal, goal_path, rounds)
+            _work(
+                channel,
+                worker_prompt,
+                isolate,
+                said if waking else "",
+                goal_path if goal else None,
+                rounds,
+                judge_can_run,
+            )
         )
     flow = Workflow(steps, name=FLOW_NAME, channel=channel, workbench=wb)
     flow.banner_steps = [WORK_STEP]  # type: ignore[attr-defined]
@@ -154,16 +164,39 @@ def starter_flow(
 
 
 def archive(
-    workspace: Path, run_dir: str | Path, wb: Workbench, brief_path: Path, goal_path: Path
+    workspace: str | Path,
+    run_dir: str | Path,
+    notes: Path,
+    *,
+    brief_name: str = "需求.md",
+    goal_name: str = "目标.md",
 ) -> Path:
-    """``--new``: lineage.json, the brief and the goal move together into
-    ``<notes>/archive/<YYYYmmdd-HHMMSS>/``; the directory exists only if something moved."""
-    lineage = Lineage.open(Path(run_dir).expanduser(), workspace)
-    return lineage.archive(wb.notes / ARCHIVE_DIR, extra=[brief_path, goal_path])
+    """``--new``: lineage.json and the frozen brief and goal (in ``notes``) move together into
+    ``<notes>/archive/<YYYYmmdd-HHMMSS>/``; the directory exists only if something moved.
+    Nothing is deleted; sessions.db keeps every old session."""
+    lineage = Lineage.open(Path(run_dir).expanduser(), Path(workspace))
+    return lineage.archive(notes / ARCHIVE_DIR, extra=[notes / brief_name, notes / goal_name])
 
 
-def _clarify(channel: HumanChannel, brief_path: Path, said: str, waking: bool, extra: str) -> Step:
+def _clarify(
+    channel: HumanChannel,
+    brief_path: Path,
+    said: str,
+    waking: bool,
+    extra: str,
+    workspace: Path,
+    run_dir: str | Path,
+) -> Step:
     step = clarify_step(channel, brief_path=brief_path, prompt=said, instructions=extra)
+    if said and not waking:
+        # A clarifier cut off before the brief froze is continued with CLARIFY_RESUME; a new
+        # sentence typed at that restart goes with it (the same ask typed again does not).
+        def resume_prompt(ctx: Ctx) -> str:
+            if _said_before(ctx, said):
+                return CLARIFY_RESUME
+            return f"{CLARIFY_RESUME}\n\n人这次又说:{said}"
+
+        step.resume_prompt = resume_prompt
     if not (waking and said):
         return step
     frozen_when = step.when
@@ -171,8 +204,7 @@ def _clarify(channel: HumanChannel, brief_path: Path, said: str, waking: bool, e
 
     def when(ctx: Ctx) -> Any:
         # Appended at run time, so a start that is refused (busy run_dir) changes no file.
-        if said not in _read(brief_path):
-            channel.amend(said, label=WAKE_LABEL)
+        channel.amend(said, label=WAKE_LABEL)  # not again when already there
         return frozen_when(ctx)
 
     step.when = when
@@ -184,16 +216,16 @@ def _work(
     worker_prompt: str,
     isolate: bool,
     said: str,
-    goal: bool,
-    goal_path: Path,
+    goal_path: Path | None,
     rounds: int,
+    judge_can_run: bool,
 ) -> Step:
     coder = worker(CODER_DESCRIPTION, worker_prompt, isolate=isolate)
     spec = coordinator("协调者", "", {CODER: coder}, channel=channel)
 
     def goal_block(ctx: Ctx) -> str:
         g = ctx.get(GOAL_KEY)
-        return WORK_GOAL.format(goal=g.prompt_block()) if goal and g is not None else ""
+        return WORK_GOAL.format(goal=g.prompt_block()) if goal_path and g is not None else ""
 
     def prompt(ctx: Ctx) -> str:
         return WORK_PROMPT.format(brief=ctx.get(CLARIFY_STEP, "")) + goal_block(ctx)
@@ -202,7 +234,9 @@ def _work(
         return WAKE_SAID.format(said=said, goal=goal_block(ctx)) if said else CARRY_ON
 
     step = Step(WORK_STEP, spec, prompt, resume_prompt=resume_prompt)
-    return with_goal(step, channel, goal_path=goal_path, rounds=rounds) if goal else step
+    if goal_path is None:
+        return step
+    return with_goal(step, channel, goal_path=goal_path, rounds=rounds, can_run=judge_can_run)
 
 
 def _banner(brief_path: Path, goal_path: Path) -> list[str]:
@@ -217,17 +251,32 @@ def _banner(brief_path: Path, goal_path: Path) -> list[str]:
     return parts
 
 
+def _said_before(ctx: Ctx, said: str) -> bool:
+    """Did the clarifier's session already get ``said`` from the person (read from
+    sessions.db)? A store that cannot say counts as no: the sentence is sent."""
+    rt, sid = ctx.get("_runtime"), (ctx.get("_sessions") or {}).get(CLARIFY_STEP)
+    if rt is None or not sid:
+        return False
+    try:
+        key = {"project_key": rt.project_key, "session_id": sid}
+        entries = rt.store.load_sync(key) or []
+    except Exception:  # noqa: BLE001 - then the sentence is sent once more
+        return False
+    quoted = json.dumps(said, ensure_ascii=False)[1:-1]
+    return any(
+        quoted in json.dumps(e.get("message"), ensure_ascii=False)
+        for e in entries
+        if isinstance(e, dict) and e.get("type") == "user"
+    )
+
+
 def _clarifying(workspace: Path, run_dir: str | Path) -> bool:
     """A clarifier cut off before the brief was frozen is something to wake too: its session
-    carries on with CLARIFY_RESUME (a person re-running a killed flower types nothing)."""
-    return CLARIFY_STEP in Lineage.open(Path(run_dir).expanduser(), workspace).steps
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return ""
+    carries on with CLARIFY_RESUME (a person re-running a killed flower types nothing). Only
+    if sessions.db still has that session: else there is nothing to continue."""
+    runs = Path(run_dir).expanduser()
+    sid = Lineage.open(runs, workspace).steps.get(CLARIFY_STEP)
+    return bool(sid) and has_transcript(runs / "sessions.db", str(sid)) is not False
 
 
 def _in_git(path: Path) -> bool:
