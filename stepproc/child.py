@@ -160,7 +160,7 @@ class _Child:
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.questions[qid] = answer
         options = args.get("options") or []
-        self.send(
+        sent = self.send(
             Ask(
                 id=qid,
                 question=str(args.get("question") or ""),
@@ -169,18 +169,24 @@ class _Child:
                 channel=str(channel.key),
             )
         )
+        nobody = str(getattr(channel, "timeout_text", "") or "无人应答。按你自己的判断继续。")
+        if not sent:  # the question could not be put (e.g. text the protocol refuses)
+            self.questions.pop(qid, None)
+            return nobody
         try:
-            return await answer
+            return await answer or nobody  # "closed": the supervisor could not ask
         finally:
             self.questions.pop(qid, None)
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: Message) -> bool:
         try:
             self.out.send(msg)
         except OSError:
             _die(signal.SIGTERM, None)  # nobody is listening: the supervisor is gone
         except ProtocolError as exc:  # a message we built badly: report it, keep going
             print(f"flower step child: could not send {type(msg).__name__}: {exc}", file=sys.stderr)
+            return False
+        return True
 
     def on_readable(self) -> None:
         try:

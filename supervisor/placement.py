@@ -377,10 +377,14 @@ class Forked:
         """Put the question to the person while the child's frames keep being read."""
 
         async def answer() -> None:
-            if question.channel:
-                text: str | None = await _serve_channel(question)
-            else:
-                text = await self.ask(question) if self.ask else None
+            try:
+                if question.channel:
+                    text: str | None = await _serve_channel(question)
+                else:
+                    text = await self.ask(question) if self.ask else None
+            except Exception as exc:  # noqa: BLE001 - the child waits for an answer: always one
+                log.warning("could not put a step's question to the person: %s", exc)
+                text = None
             state = "answered" if text is not None else "closed"
             child.send(Answer(id=question.id, state=state, text=text))
 
