@@ -129,8 +129,8 @@ def start(
                     session is resumed after a backoff, up to 6 attempts in all; a bug or a
                     bad spec stops the step at once (traceback in runs/logs/<run>/<step>.log)
 
-    Exit status: 0 finished, 1 a step failed, 2 a mistake (one line with a hint),
-    130 after Ctrl-C twice.
+    Exit status: 0 finished; 1 a step stopped the run (the line "在步骤 '<step>' 中止:<why>");
+    2 a mistake (one line with a hint); 130 after Ctrl-C twice.
     """
     from .flows import load_flow, starter
     from .start import StartArgs, run_start
