@@ -16,6 +16,7 @@ import unicodedata
 from typing import Any, TextIO
 
 from flower.core.result import Event, StepResult
+from flower.util.sanitize import clean
 
 from .placement import DIED
 
@@ -53,7 +54,9 @@ class Terminal:
         self._eof = False
 
     def say(self, text: str = "") -> None:
-        print(text, file=self.out, flush=True)
+        """One line for the person. Model and tool text reaches here too: every escape
+        sequence and control character is removed first (flower.util.sanitize)."""
+        print(clean(text), file=self.out, flush=True)
 
     # -- banners ----------------------------------------------------------------------
 
