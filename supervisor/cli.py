@@ -210,6 +210,32 @@ def status(run_dir: Path, as_json: bool) -> None:
     sys.exit(3 if report.dead_unfinished else 0)
 
 
+@main.command()
+@click.argument("run")
+@run_dir_option
+def cancel(run: str, run_dir: Path) -> None:
+    """Stop the live flower RUN (a run id from `status`, or a unique prefix) as SIGTERM does.
+
+    Its step in flight gets one killed-by-signal row and its children stop; the run stays
+    resumable: `flower-super start` in the same place carries on. A run that is not live,
+    or unknown, is one line and exit status 2.
+    """
+    from .cancel import cancel as cancel_run
+
+    try:
+        done = cancel_run(run_dir.expanduser().absolute(), run)
+    except FlowerError as exc:
+        _fail(exc)
+    rec = done.record
+    if not done.stopped:
+        click.echo(
+            f"flower-super: sent SIGTERM to pid {rec.pid} (run {rec.run}); it is still there"
+        )
+        sys.exit(1)
+    resume = " ".join(rec.command) if rec.command else "flower-super start"
+    click.echo(f"stopped run {rec.run} (pid {rec.pid}); to carry it on: {resume}")
+
+
 @main.command("model-server")
 @click.option(
     "--script",
