@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from ..util.fsutil import open_private, private_dir
+from ..util.loops import call_on
 from .result import Event
 
 log = logging.getLogger("flower")
@@ -544,21 +545,7 @@ class HumanChannel:
 
     def _on_loop(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the channel's loop (now, when called there or when there is none)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            fn()
-            return
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is loop:
-            fn()
-            return
-        try:
-            loop.call_soon_threadsafe(fn)
-        except RuntimeError:  # closed in the meantime
-            fn()
+        call_on(self._loop, fn)
 
     def _after_fork(self) -> None:
         # A lock held by another thread at fork() stays held forever in the child, and the

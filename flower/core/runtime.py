@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from ..util.loops import call_on
 from .agent import AgentSpec
 from .attempt import Window
 from .call import StepCall
@@ -323,16 +324,13 @@ class Runtime:
         loop = self._loop
         if loop is None or loop.is_closed() or self.in_flight is None:
             return
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is loop:
+
+        def deliver() -> None:
             task = loop.create_task(self.interrupts.request(message))
             self._interrupting.add(task)  # the loop keeps only a weak reference to a task
             task.add_done_callback(self._interrupting.discard)
-        else:
-            asyncio.run_coroutine_threadsafe(self.interrupts.request(message), loop)
+
+        call_on(loop, deliver)
 
     async def request_interrupt(self, message: str | None = None) -> None:
         """:meth:`interrupt` from the Runtime's own loop, returning once it is delivered."""

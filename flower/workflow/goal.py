@@ -113,25 +113,17 @@ def clarify_step(
         ctx[name] = brief.prompt_block()
         ctx.pop(MISSING_KEY, None)
 
-    def when(ctx: Ctx) -> bool:
-        if always_ask:
-            return True
-        frozen = Brief.load(path)
-        if frozen is not None and frozen.complete():
-            pour(ctx, frozen)
-            return False
-        return True
-
     def gate(result: StepResult, ctx: Ctx) -> bool:
         brief = Brief.parse(result.text)
         if not brief.complete():
             ctx[MISSING_KEY] = brief.missing()
             return False
         kept = amendments(path)  # what the person said meanwhile (channel.send) stays
-        brief.write(path)
         if kept:
             write_document(path, brief.to_markdown() + kept)
             brief = Brief.load(path) or brief
+        else:
+            brief.write(path)
         pour(ctx, brief)
         return True
 
@@ -142,9 +134,9 @@ def clarify_step(
         retries=retries,
         gate=gate,
         on_fail=on_fail,
-        when=when,
+        when=_unless_frozen(Brief.load, path, pour, always_ask),
         resume_prompt=CLARIFY_RESUME,
-        reduce=lambda result, ctx: ctx[BRIEF_KEY].prompt_block(),
+        reduce=lambda result, ctx: ctx[name],  # what pour() put there, not the raw reply
     )
 
 
@@ -178,15 +170,6 @@ def goal_step(
     def pour(ctx: Ctx, goal: Goal) -> None:
         ctx[GOAL_KEY] = goal
         ctx[name] = goal.to_markdown()
-
-    def when(ctx: Ctx) -> bool:
-        if always_set:
-            return True
-        frozen = Goal.load(path)
-        if frozen is not None and frozen.complete():
-            pour(ctx, frozen)
-            return False
-        return True
 
     def prompt(ctx: Ctx) -> str:
         brief = ctx.get(brief_key)
@@ -222,9 +205,27 @@ def goal_step(
         retries=retries,
         gate=gate,
         on_fail=on_fail,
-        when=when,
-        reduce=lambda result, ctx: ctx[GOAL_KEY].to_markdown(),
+        when=_unless_frozen(Goal.load, path, pour, always_set),
+        reduce=lambda result, ctx: ctx[name],
     )
+
+
+def _unless_frozen(
+    load: Callable[[Path], Any], path: Path, pour: Callable[[Ctx, Any], None], always: bool
+) -> Callable[[Ctx], bool]:
+    """A step's ``when``: skip it when ``path`` already holds a complete document, which is
+    then put into ctx all the same (the steps after it read what it froze)."""
+
+    def when(ctx: Ctx) -> bool:
+        if always:
+            return True
+        frozen = load(path)
+        if frozen is not None and frozen.complete():
+            pour(ctx, frozen)
+            return False
+        return True
+
+    return when
 
 
 # -- the goal guard ---------------------------------------------------------------------------
