@@ -1,0 +1,70 @@
+"""One message catalogue: every text flower prints to a person, in Chinese and English.
+
+Each module that prints defines its texts next to the code that uses them::
+
+    from flower.i18n import define, t
+
+    define({"cli.cancelled": ("已取消", "cancelled")})
+    print(t("cli.cancelled"))
+
+``define`` adds to the one catalogue (a key defined twice with different texts is a bug and
+raises); ``t`` picks the person's language (:func:`lang`) and fills ``{placeholders}``. The
+Chinese texts are the seeds' and the reference's, exactly. Texts sent to the model (rules,
+resume and handoff prompts) are not translated and do not live here.
+
+The language: ``FLOWER_LANG=zh|en`` wins; else the first locale variable that is set of
+``LC_ALL``, ``LC_MESSAGES``, ``LANG`` (POSIX's order) means Chinese when it starts with
+``zh``; else English.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+LANGS = ("zh", "en")
+
+_CATALOGUE: dict[str, tuple[str, str]] = {}
+
+
+def define(entries: dict[str, tuple[str, str]]) -> None:
+    """Add ``key -> (zh, en)`` texts to the catalogue."""
+    for key, texts in entries.items():
+        if len(texts) != 2 or not all(isinstance(x, str) for x in texts):
+            raise TypeError(f"message {key!r}: expected (zh, en) strings, got {texts!r}")
+        old = _CATALOGUE.get(key)
+        if old is not None and old != texts:
+            raise ValueError(f"message {key!r} is defined twice with different texts")
+        _CATALOGUE[key] = texts
+
+
+def lang() -> str:
+    """``"zh"`` or ``"en"``: the language flower speaks to this person in."""
+    forced = os.environ.get("FLOWER_LANG", "").strip().lower()
+    if forced in LANGS:
+        return forced
+    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return "zh" if value.lower().startswith("zh") else "en"
+    return "en"
+
+
+def t(key: str, /, **fields: Any) -> str:
+    """The text ``key`` in the person's language, with ``{fields}`` filled in."""
+    try:
+        zh, en = _CATALOGUE[key]
+    except KeyError:
+        raise KeyError(f"no message {key!r} in the catalogue") from None
+    text = zh if lang() == "zh" else en
+    return text.format(**fields) if fields else text
+
+
+def keys() -> list[str]:
+    """Every key defined so far (for tests that check the catalogue is whole)."""
+    return sorted(_CATALOGUE)
+
+
+def texts(key: str) -> tuple[str, str]:
+    """``(zh, en)`` of ``key``."""
+    return _CATALOGUE[key]
