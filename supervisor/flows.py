@@ -19,8 +19,54 @@ import flower
 from flower import ConfigError, RunDirBusy
 from flower.core.credentials import check_credentials, load_dotenv
 from flower.core.registry import Registry
+from flower.i18n import define, t
 from flower.workflow import Workflow
 from flower.workflow.starter import starter_flow
+
+define(
+    {
+        "flow.colon": (
+            "需要 模块:属性 形式,例如 flows:main(给的是 {ref!r})",
+            "{ref!r} is not FILE.py:ATTR or MODULE:ATTR",
+        ),
+        "flow.colon.hint": (
+            "例如 flows/review.py:flow 或 mypkg.flows:review",
+            "for example flows/review.py:flow or mypkg.flows:review",
+        ),
+        "flow.missing": (
+            "找不到 {path}(当前目录 {cwd})。给的是文件路径就要能对上;要按模块名导入就别带 .py",
+            "flow file not found: {path} (current directory {cwd})",
+        ),
+        "flow.missing.hint": (
+            "路径相对当前目录",
+            "give a path relative to the current directory, or MODULE:ATTR without .py",
+        ),
+        "flow.attr": ("'{module}' 里没有 '{attr}'", "{module} has no attribute {attr!r}"),
+        "flow.attr.hint": ("那里定义的 Workflow:{names}", "Workflows defined there: {names}"),
+        "flow.no_module": (
+            "导入 '{module}' 失败:没有叫 {name!r} 的模块",
+            "no module named {name!r}",
+        ),
+        "flow.no_module.hint": (
+            "在放它的目录里运行,或者给 文件.py:属性",
+            "run from the directory that holds it, or give FILE.py:ATTR",
+        ),
+        "flow.import": ("导入 '{module}' 失败:{error}", "importing {module} failed: {error}"),
+        "flow.syntax": ("导入 '{module}' 失败:{error}", "{module} is not valid Python: {error}"),
+        "flow.not_py": ("导入 '{module}' 失败:不是 Python 文件", "cannot import {module}"),
+        "flow.returned": (
+            "'{ref}' 返回的是 {kind},不是 Workflow",
+            "{ref} returned {kind}, not a Workflow",
+        ),
+        "flow.returned.hint": ("返回 flower.Workflow([...])", "return flower.Workflow([...])"),
+        "flow.not_flow": (
+            "'{ref}' 是 {kind},不是 Workflow",
+            "{ref} is a {kind}, not a Workflow",
+        ),
+        "flow.not_flow.hint": ("指向一个 flower.Workflow", "point it at a flower.Workflow"),
+        "flow.check_module": ("看看这个流程模块", "check the flow module"),
+    }
+)
 
 
 def starter(
@@ -32,6 +78,10 @@ def starter(
     rounds: int,
     timeout_s: float,
     goal: bool = True,
+    isolate: bool = False,
+    clarify_only: bool = False,
+    judge_can_run: bool = False,
+    max_asks: int | None = None,
 ) -> Workflow:
     """The starter flow a bare ``flower-super start`` runs; its refusals are one line.
 
@@ -48,6 +98,10 @@ def starter(
             rounds=rounds,
             goal=goal,
             timeout_s=max(0.0, timeout_s),
+            isolate=isolate,
+            clarify_only=clarify_only,
+            judge_can_run=judge_can_run,
+            max_asks=max_asks,
         )
     except ValueError as exc:
         raise ConfigError(
@@ -82,17 +136,14 @@ def load_flow(ref: str, ask: str = "") -> Workflow:
     """Import ``ref`` (``file.py:attr`` or ``module:attr``) and return its Workflow."""
     target, sep, attr = ref.rpartition(":")
     if not sep or not target or not attr:
-        raise ConfigError(
-            f"--flow {ref!r} is not FILE.py:ATTR or MODULE:ATTR",
-            hint="for example --flow flows/review.py:flow or --flow mypkg.flows:review",
-        )
+        raise ConfigError(t("flow.colon", ref=ref), hint=t("flow.colon.hint"))
     module = (
         _import_file(target) if target.endswith(".py") or "/" in target else _import_module(target)
     )
     if not hasattr(module, attr):
         names = ", ".join(n for n, v in vars(module).items() if isinstance(v, Workflow)) or "none"
         raise ConfigError(
-            f"{target} has no attribute {attr!r}", hint=f"Workflows defined there: {names}"
+            t("flow.attr", module=target, attr=attr), hint=t("flow.attr.hint", names=names)
         )
     return _as_workflow(getattr(module, attr), ref, ask)
 
@@ -100,13 +151,11 @@ def load_flow(ref: str, ask: str = "") -> Workflow:
 def _import_file(path_text: str) -> Any:
     path = Path(path_text).expanduser()
     if not path.is_file():
-        raise ConfigError(
-            f"flow file not found: {path}", hint="give a path relative to the current directory"
-        )
+        raise ConfigError(t("flow.missing", path=path, cwd=Path.cwd()), hint=t("flow.missing.hint"))
     name = f"flower_user_flow_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot import {path}", hint="is it a Python file?")
+        raise ConfigError(t("flow.not_py", module=path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     sys.path.insert(0, str(path.resolve().parent))
@@ -127,22 +176,22 @@ def _run_user_code(fn: Any, where: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and where.startswith(exc.name):
             raise ConfigError(
-                f"no module named {exc.name!r}",
-                hint="run from the directory that holds it, or give FILE.py:ATTR",
+                t("flow.no_module", module=where, name=exc.name), hint=t("flow.no_module.hint")
             ) from None
         raise ConfigError(
-            f"importing {where} failed: {exc}", hint=_where_in_user_code(exc)
+            t("flow.import", module=where, error=exc), hint=_where_in_user_code(exc)
         ) from None
     except ConfigError:
         raise
     except SyntaxError as exc:  # the location is the error's own, not a frame's
         raise ConfigError(
-            f"{where} is not valid Python: {exc.msg}",
+            t("flow.syntax", module=where, error=exc.msg),
             hint=f"at {exc.filename}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else ""),
         ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module raised: one line, with its location
         raise ConfigError(
-            f"importing {where} failed: {type(exc).__name__}: {exc}", hint=_where_in_user_code(exc)
+            t("flow.import", module=where, error=f"{type(exc).__name__}: {exc}"),
+            hint=_where_in_user_code(exc),
         ) from None
 
 
@@ -161,7 +210,7 @@ def _where_in_user_code(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if not _ours(f.filename)]
     if not user:
-        return "check the flow module"
+        return t("flow.check_module")
     f = user[-1]
     return f"at {f.filename}:{f.lineno}"
 
@@ -175,9 +224,8 @@ def _as_workflow(obj: Any, ref: str, ask: str) -> Workflow:
         if isinstance(made, Workflow):
             return made
         raise ConfigError(
-            f"{ref} returned {type(made).__name__}, not a Workflow",
-            hint="return flower.Workflow([...])",
+            t("flow.returned", ref=ref, kind=type(made).__name__), hint=t("flow.returned.hint")
         )
     raise ConfigError(
-        f"{ref} is a {type(obj).__name__}, not a Workflow", hint="point --flow at a flower.Workflow"
+        t("flow.not_flow", ref=ref, kind=type(obj).__name__), hint=t("flow.not_flow.hint")
     )

@@ -28,13 +28,74 @@ from flower import FlowerError, Runtime, Workbench
 from flower.core.attempt import preload
 from flower.core.proctree import PROCS
 from flower.core.registry import INTERRUPTED, KILLED
+from flower.i18n import define, t
 from flower.workflow import Workflow
 from flower.workflow.goal import MISSING_KEY, VERDICT_KEY
 from flower.workflow.starter import CLARIFY_STEP, WORK_STEP, archive
 
+from .eventlog import EventLog
 from .flows import refuse_new_while_live
 from .placement import Forked
 from .terminal import Terminal, show_warnings
+
+define(
+    {
+        "start.archived": (
+            "-- 重开一件事:上次的血缘和冻结件已归档到 {into}",
+            "-- starting something else: last time's lineage and frozen documents are "
+            "archived in {into}",
+        ),
+        "start.stopped": ("在步骤 '{step}' 中止:{why}", "stopped at step '{step}': {why}"),
+        "start.again": (
+            "-- 在同一个目录再跑一次会从这里接着做。",
+            "-- run it again in the same directory and it carries on from here.",
+        ),
+        "start.done": (
+            "-- 完成 · 第 {woke} 次唤醒 · run {run}",
+            "-- done · wake {woke} · run {run}",
+        ),
+        "start.why.rounds": (
+            "轮数用完,目标还没达成:{reason}",
+            "out of rounds and the goal is not met yet: {reason}",
+        ),
+        "start.why.no_reason": ("判定者没给理由", "the judge gave no reason"),
+        "start.why.missing": (
+            "需求确认书还缺:{missing}",
+            "the brief still lacks: {missing}",
+        ),
+        "start.why.gate": ("没通过它的检查", "it did not pass its check"),
+        "start.offline": (
+            "! 连不上 {host}:{port}({base});等它恢复,每 {every} 秒探一次,最多等 {minutes} 分钟"
+            "(Ctrl-C 停)",
+            "! cannot reach {host}:{port} ({base}); waiting for it, probing every {every} s "
+            "for up to {minutes} min (Ctrl-C to stop)",
+        ),
+        "start.offline.gave_up": (
+            "{host}:{port} {minutes} 分钟都没应答",
+            "{host}:{port} did not answer for {minutes} min",
+        ),
+        "start.offline.hint": (
+            "查一下网络;用网关的话查 ANTHROPIC_BASE_URL",
+            "check the network, or ANTHROPIC_BASE_URL if you use a gateway",
+        ),
+        "start.interrupted": (
+            "! 已打断这一轮。正在跑的 subagent 会丢掉半成品。",
+            "! This round is interrupted. A subagent that was running loses its unfinished work.",
+        ),
+        "start.interrupted.waiting": (
+            "  (有 {n} 个提问还等着,打断不影响它们)",
+            "  ({n} question(s) still waiting; the interrupt does not affect them)",
+        ),
+        "start.interrupted.prompt": (
+            "  要说什么?(直接回车 = 什么都不说,接着跑;再按一次 Ctrl+C = 退出)",
+            "  Anything to say? (Enter = nothing, carry on; Ctrl+C again = exit)",
+        ),
+        "start.exited": (
+            "-- 已退出。血缘在盘上:在同一个目录再跑一次就接着上次。",
+            "-- exited. The lineage is on disk: run it again in the same directory to carry on.",
+        ),
+    }
+)
 
 
 @dataclass
@@ -46,6 +107,9 @@ class StartArgs:
     trim: bool
     command: list[str]
     archive: bool = True  # --new archives here (the starter flow archives on its own)
+    handoff: Any = True  # Runtime(handoff=...): True, False, or a HandoffPolicy
+    # Runtime(workbench=...) when the flow has none of its own; None = <workspace>/.flower
+    workbench: Any = None
 
 
 def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
@@ -59,7 +123,8 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         trim=args.trim,
         # A flow's own Workflow.workbench, else <workspace>/.flower (where the starter flow
         # keeps its documents too).
-        workbench=wf.workbench if wf.workbench is not None else Workbench(args.workspace),
+        workbench=_workbench(wf, args),
+        handoff=args.handoff,
         placement=Forked(ask=term.ask),
     )
     term.channel = wf.channel
@@ -72,6 +137,12 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         rt.close()
 
 
+def _workbench(wf: Workflow, args: StartArgs) -> Any:
+    if wf.workbench is not None:
+        return wf.workbench
+    return Workbench(args.workspace) if args.workbench is None else args.workbench
+
+
 def _archive(rt: Runtime, wf: Workflow, term: Terminal) -> None:
     """``--new`` for a flow of the person's own: lineage.json and the frozen 需求.md/目标.md
     of the flow's workbench notes (or ``<workspace>/.flower/notes``) move to
@@ -79,31 +150,36 @@ def _archive(rt: Runtime, wf: Workflow, term: Terminal) -> None:
     notes = wf.workbench.notes if isinstance(wf.workbench, Workbench) else None
     into = archive(rt.workspace, rt.run_dir, notes or Workbench(rt.workspace).notes)
     if into.exists():
-        term.say(f"-- 重开一件事:上次的血缘和冻结件已归档到 {into}")
+        term.say(t("start.archived", into=into))
 
 
 async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> int:
     desk = SignalDesk(rt, term)
     desk.install()
     await _wait_for_endpoint(rt, term)
+    term.rt = rt
+    term.listen()
     try:
         ctx = await wf.run(
             rt,
-            on_event=term.on_event,
+            on_event=EventLog.open(rt.run_dir, rt.run_id).tee(term.on_event),
             on_step=lambda s, r: term.step_done(r),
             command=args.command,
             new=args.new,
             ask=args.ask,
         )
     finally:
+        term.stop()
         await rt.drain()
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
-        term.say(f"在步骤 '{stopped}' 中止:{_why_stopped(ctx, stopped)}")
-        term.say("-- 在同一个目录再跑一次会从这里接着做。")
+        term.err(t("start.stopped", step=stopped, why=_why_stopped(ctx, stopped)))
+        term.say(t("start.again"))
+        term.closing(rt)
         return 1
-    term.say(f"-- 完成 · 第 {ctx['_woke']} 次唤醒 · run {rt.run_id}")
+    term.say(t("start.done", woke=ctx["_woke"], run=rt.run_id))
+    term.closing(rt)
     return 0
 
 
@@ -116,10 +192,10 @@ def _why_stopped(ctx: dict[str, Any], step: str) -> str:
         return str(result.error)
     verdict = ctx.get(VERDICT_KEY)
     if step == WORK_STEP and verdict is not None:
-        return f"轮数用完,目标还没达成:{verdict.reason or '判定者没给理由'}"
+        return t("start.why.rounds", reason=verdict.reason or t("start.why.no_reason"))
     if ctx.get(MISSING_KEY) and step == CLARIFY_STEP:
-        return f"需求确认书还缺:{'、'.join(ctx[MISSING_KEY])}"
-    return "没通过它的检查"
+        return t("start.why.missing", missing="、".join(ctx[MISSING_KEY]))
+    return t("start.why.gate")
 
 
 async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:
@@ -129,14 +205,21 @@ async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:
         return
     host, port = res.endpoint()
     base = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+    minutes = f"{res.max_offline_wait / 60:g}"
     term.say(
-        f"flower-super: cannot reach {host}:{port} ({base}); waiting for it, probing every "
-        f"{res.probe_interval:g} s for up to {res.max_offline_wait / 60:g} min (Ctrl-C to stop)"
+        t(
+            "start.offline",
+            host=host,
+            port=port,
+            base=base,
+            every=f"{res.probe_interval:g}",
+            minutes=minutes,
+        )
     )
     if not await res.wait_online():
         raise FlowerError(
-            f"{host}:{port} did not answer for {res.max_offline_wait / 60:g} min",
-            hint="check the network, or ANTHROPIC_BASE_URL if you use a gateway",
+            t("start.offline.gave_up", host=host, port=port, minutes=minutes),
+            hint=t("start.offline.hint"),
         )
 
 
@@ -166,9 +249,11 @@ class SignalDesk:
         wait between attempts) and resumes the same session with what the person says."""
         await self.rt.request_interrupt(None)
         self.term.say("")
-        said = await self.term.read_line(
-            "打断了。想说点什么就打一句,回车 = 直接接着做(再按一次 Ctrl-C 退出)\n> "
-        )
+        self.term.say(t("start.interrupted"))
+        waiting = self.term.questions_waiting()
+        if waiting:
+            self.term.say(t("start.interrupted.waiting", n=waiting))
+        said = await self.term.read_line(t("start.interrupted.prompt") + "\n> ")
         self.interrupting = False
         self.rt.reply(said or "")
 
@@ -177,7 +262,7 @@ class SignalDesk:
         self.placement.stop_now()
         self.rt.note(state=INTERRUPTED, ended_at=time.time(), exit_code=130)
         self.rt.close()
-        self.term.say("\n-- 已退出。血缘在盘上:在同一个目录再跑一次就接着上次。")
+        self.term.say("\n" + t("start.exited"))
         _flush()
         os._exit(130)
 

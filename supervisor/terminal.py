@@ -1,7 +1,21 @@
-"""The supervisor owns the terminal: it prints progress and asks the person things.
+"""The supervisor owns the terminal: it prints progress and talks with the person.
 
 Children never touch the terminal (their stdio goes to per-step logs); whatever they want
 shown or asked arrives as ``event`` / ``ask`` messages and is rendered here.
+
+While a run works the terminal reads the person the whole time (:meth:`Terminal.listen`),
+one line at a time, and a line goes to exactly one place:
+
+- a prompt that waits for it (:meth:`Terminal.read_line`: the Ctrl-C sentence);
+- else the oldest question waiting for an answer: Enter skips it, a number picks that
+  option, other text is the answer;
+- else the inbox: appended to 需求.md, seen by the worker the next time it looks;
+- a line starting with ``?`` or ``？`` goes to the oracle instead, question or not.
+
+On a terminal the last line is always the input prompt: every line printed first erases it
+and then draws it again below. Model and tool text is printed without any escape sequence
+or control character (:func:`flower.util.sanitize.clean`); the only escapes that reach the
+terminal are flower's own SGR colours.
 """
 
 from __future__ import annotations
@@ -11,16 +25,140 @@ import collections
 import contextlib
 import logging
 import os
+import shutil
 import sys
+import time
 import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from flower.core.result import Event, StepResult
+from flower.i18n import define, t
 from flower.util.sanitize import clean
 
 from .placement import DIED
 
 RULE_WIDTH = 38
+MIN_WIDTH, MAX_WIDTH = 40, 110
+# Seconds between two status lines while one step runs (FLOWER_STATUS_EVERY overrides).
+STATUS_EVERY_S = 30.0
+RED, DIM, RESET = "\x1b[31m", "\x1b[2m", "\x1b[0m"
+
+define(
+    {
+        "term.wake": ("<- 在 {where} 接上上次  {parts}", "<- carrying on in {where}  {parts}"),
+        "term.wake.context": ("{name}上下文 {size}", "{name} context {size}"),
+        "term.wake.count": ("第 {n} 次唤醒", "wake {n}"),
+        "term.step.reused": (
+            "+ 上次已完成,输入没变,直接复用(不再发给模型)",
+            "+ finished last time with the same input: reused (not sent to the model again)",
+        ),
+        "term.step.resumed": ("<- 接上次 · 第 {n} 次唤醒", "<- carrying on · wake {n}"),
+        "term.retry.died": (
+            "~ 步骤子进程意外退出,{delay} 秒后换一个子进程接着同一条会话(第 {n} 次失败)",
+            "~ the step's child process died; a new one carries the same session on in "
+            "{delay} s (failure {n})",
+        ),
+        "term.retry.api": (
+            "~ API 暂时不可用:网络通了再等 {delay} 秒,在同一条会话上接着做(第 {n} 次失败)",
+            "~ the API is unavailable for now: {delay} s after the network is back it carries "
+            "on in the same session (failure {n})",
+        ),
+        "term.offline": (
+            "~ 连不上 API,等网络恢复(已等 {elapsed} 秒,每 {every} 秒探一次;Ctrl-C 可以打断)",
+            "~ cannot reach the API; waiting for the network (waited {elapsed} s, probing "
+            "every {every} s; Ctrl-C interrupts)",
+        ),
+        "term.handoff.near": (
+            "# 上下文 {used}/{window},快满了",
+            "# context {used}/{window}: nearly full",
+        ),
+        "term.handoff.writing": (
+            "# 上下文 {used}/{window} —— 写交接准备换代",
+            "# context {used}/{window}: writing a handoff for a new session",
+        ),
+        "term.handoff.doing": ("现在在做", "doing now"),
+        "term.handoff.decided": ("已定的事", "decided"),
+        "term.handoff.deadends": ("走不通的", "dead ends"),
+        "term.handoff.next": ("下一步", "next"),
+        "term.handoff.degraded": (
+            "交接没写成,用了降级版本 —— 接手的人会自己去现场看",
+            "the handoff could not be written; a degraded one is used (the successor looks "
+            "at the workspace itself)",
+        ),
+        "term.handoff.where": ("<- 交接写在 {path}", "<- the handoff is in {path}"),
+        "term.handoff.nowhere": (
+            "<- 交接没落盘(没有工作台)",
+            "<- the handoff was not saved (no workbench)",
+        ),
+        "term.handoff.new": (
+            "<- 新会话接手,上下文从 {used} 重新开始",
+            "<- a new session takes over; the context starts again from {used}",
+        ),
+        "term.asked": ("? {question}", "? {question}"),
+        "term.option": ("   {i}) {option}", "   {i}) {option}"),
+        "term.remaining": ("   (还能问 {n} 次)", "   ({n} more question(s) allowed)"),
+        "term.answered": ("+ {answer}", "+ {answer}"),
+        "term.timeout": (
+            "! 无人应答 —— 它会自己判断,把假设记进「未知与假设」",
+            "! nobody answered: it decides itself and writes its assumption down",
+        ),
+        "term.over_budget": ("! 提问额度用完", "! the question quota is used up"),
+        "term.declined": (". 已跳过", ". skipped"),
+        "term.invalid": ("! 问题是空的", "! the question was empty"),
+        "term.cancelled": (". 提问撤回了", ". the question was withdrawn"),
+        "term.prompt.answer": (
+            "你的回答 (回车=跳过,让它自己判断) > ",
+            "your answer (Enter = skip, let it decide) > ",
+        ),
+        "term.prompt.idle": (
+            "(直接说 = 加需求,下个检查点送达;? 开头 = 顺便问一句,不打扰它干活) > ",
+            "(type = add to the request, delivered at its next check; start with ? = ask on "
+            "the side without disturbing it) > ",
+        ),
+        "term.received": (
+            "+ 收到 (它下次查收件箱时会看到;已追加进确认书)",
+            "+ received (it sees this the next time it checks its inbox; appended to the brief)",
+        ),
+        "term.received.unkept": (
+            "+ 收到 (它下次查收件箱时会看到;没有确认书可落盘 —— 它可能活不过下一个步骤)",
+            "+ received (it sees this the next time it checks its inbox; there is no brief to "
+            "keep it in, so it may not outlive the next step)",
+        ),
+        "term.delivered": ("+ 它看到了:{text}", "+ it has read: {text}"),
+        "term.no_inbox": (
+            "! 这个流程没有收件箱,这句话没人收:{text}",
+            "! this flow has no inbox; nobody receives: {text}",
+        ),
+        "term.no_oracle": (
+            "! 这里没有旁路顾问,问题没发出去",
+            "! there is no oracle here; the question was not sent",
+        ),
+        "term.task": ("! {text}", "! {text}"),
+        "term.step.ok": (
+            "+ {step}  {duration} · ${cost:.4f}",
+            "+ {step}  {duration} · ${cost:.4f}",
+        ),
+        "term.step.failed": (
+            "x {step}  {duration} · ${cost:.4f}  {error}",
+            "x {step}  {duration} · ${cost:.4f}  {error}",
+        ),
+        "term.status": (
+            "- {step} · {turns} 轮 · 工具 {tools} 次 · 上下文 {context} · 累计 ${cost:.4f} · "
+            "用时 {elapsed}",
+            "- {step} · {turns} turns · {tools} tool calls · context {context} · "
+            "so far ${cost:.4f} · {elapsed}",
+        ),
+        "term.closing": (
+            "总花费 ${cost:.4f} · 清单 {path}",
+            "total cost ${cost:.4f} · manifest {path}",
+        ),
+        "term.tool": ("* {tool}  {text}", "* {tool}  {text}"),
+        "term.tool_result": ("  -> {text}", "  -> {text}"),
+        "term.tool_error": ("x {tool} 失败:{text}", "x {tool} failed: {text}"),
+    }
+)
 
 
 def width(text: str) -> int:
@@ -38,38 +176,192 @@ def kilo(n: int) -> str:
     return f"{n / 1000:.1f}K" if n >= 1000 else str(n)
 
 
-class Terminal:
-    """Renders events; reads a line from the person without blocking the event loop."""
+def clock(seconds: float) -> str:
+    """``m:ss`` (``h:mm:ss`` past an hour)."""
+    s = max(0, int(seconds))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
-    def __init__(self, out: TextIO | None = None, *, stdin_fd: int = 0) -> None:
+
+def line_width() -> int:
+    """The reference's width: ``max(40, min(terminal columns, 110))``."""
+    cols = shutil.get_terminal_size((80, 24)).columns
+    return max(MIN_WIDTH, min(cols, MAX_WIDTH))
+
+
+def wrap(text: str, cols: int, indent: str = "  ") -> list[str]:
+    """``text`` cut into lines of at most ``cols`` columns (wide characters count two),
+    each prefixed with ``indent``; breaks at spaces when it can."""
+    out: list[str] = []
+    room = max(10, cols - width(indent))
+    for para in text.split("\n"):
+        line, used = "", 0
+        for word in _words(para):
+            w = width(word)
+            if used + w > room and line:
+                out.append(indent + line.rstrip())
+                line, used = "", 0
+                word = word.lstrip()
+                w = width(word)
+            while w > room:  # one word wider than the line: cut it
+                head, rest = _cut(word, room)
+                out.append(indent + head)
+                word, w = rest, width(rest)
+            line += word
+            used += w
+        out.append(indent + line.rstrip())
+    return out
+
+
+def _words(text: str) -> list[str]:
+    """Words with their leading space; each wide character is a word of its own."""
+    words: list[str] = []
+    cur = ""
+    for c in text:
+        if c == " " or unicodedata.east_asian_width(c) in "WF":
+            if cur:
+                words.append(cur)
+            cur = c
+            if c != " ":
+                words.append(cur)
+                cur = ""
+        else:
+            cur += c
+    if cur:
+        words.append(cur)
+    return words
+
+
+def _cut(word: str, room: int) -> tuple[str, str]:
+    used = 0
+    for i, c in enumerate(word):
+        used += width(c)
+        if used > room:
+            return word[:i], word[i:]
+    return word, ""
+
+
+@dataclass
+class _Question:
+    """A question waiting for the person: how to give it the line they type."""
+
+    qid: str
+    options: list[str]
+    settle: Callable[[str | None], None]  # the chosen text; None = skip
+
+
+class Terminal:
+    """Renders events; reads the person without blocking the event loop."""
+
+    def __init__(
+        self,
+        out: TextIO | None = None,
+        *,
+        stdin_fd: int = 0,
+        verbose: bool = False,
+        err: TextIO | None = None,
+    ) -> None:
         self.out = out or sys.stdout
+        self.errout = err or (sys.stderr if out is None else self.out)
         self.stdin_fd = stdin_fd
+        self.verbose = verbose
         self.woke = 1
-        self._reused: set[str] = set()
         self.channel: Any = None  # the flow's HumanChannel: its questions are answered here
-        self._asking: dict[str, asyncio.Task[None]] = {}
-        self._waiters: collections.deque[asyncio.Future[str | None]] = collections.deque()
+        self.oracle: Any = None  # supervisor.oracle.Oracle: where ``?`` lines go
+        self.rt: Any = None  # the Runtime, for the cost so far
+        self.cols = line_width()
+        self.interactive = _isatty(self.out) and _isatty_fd(stdin_fd)
+        self.colour = _isatty(self.out) and not os.environ.get("NO_COLOR")
+        self.status_every = _float_env("FLOWER_STATUS_EVERY", STATUS_EVERY_S)
+        self._reused: set[str] = set()
+        self._questions: dict[str, _Question] = {}
+        self._waiters: collections.deque[tuple[asyncio.Future[str | None], str]] = (
+            collections.deque()
+        )
         self._buf = bytearray()
         self._reading = False
+        self._listening = False
         self._eof = False
+        self._shown = ""  # the prompt on the last line now (interactive only)
+        self._step: dict[str, Any] = {}
+        self._status: asyncio.Task[None] | None = None
+        self._handoff_used = 0
 
-    def say(self, text: str = "") -> None:
+    # -- output -------------------------------------------------------------------------
+
+    def say(self, text: str = "", *, colour: str = "") -> None:
         """One line for the person. Model and tool text reaches here too: every escape
         sequence and control character is removed first (flower.util.sanitize)."""
-        print(clean(text), file=self.out, flush=True)
+        body = clean(text)
+        if colour and self.colour:
+            body = colour + body + RESET
+        self._emit(self.out, body + "\n")
 
-    # -- banners ----------------------------------------------------------------------
+    def err(self, text: str) -> None:
+        """One line on stderr (a stop's reason)."""
+        self._emit(self.errout, clean(text) + "\n")
+
+    def _emit(self, stream: TextIO, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if self._shown:
+                self.out.write("\r" + " " * width(self._shown) + "\r")
+                if stream is not self.out:
+                    self.out.flush()
+            stream.write(text)
+            stream.flush()
+            if self._shown:
+                self.out.write(self._shown)
+                self.out.flush()
+
+    def _redraw(self) -> None:
+        """Put the right prompt on the last line (interactive only)."""
+        want = self._prompt() if self.interactive else ""
+        if want == self._shown:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if self._shown:
+                self.out.write("\r" + " " * width(self._shown) + "\r")
+            self._shown = want
+            self.out.write(want)
+            self.out.flush()
+
+    def _prompt(self) -> str:
+        if self._eof:
+            return ""
+        if self._waiters:
+            return self._waiters[0][1]
+        if self._questions:
+            return t("term.prompt.answer")
+        if self._listening:
+            return t("term.prompt.idle")
+        return ""
+
+    def closing(self, rt: Any) -> None:
+        """The last line: what this process spent, and where the manifest is."""
+        self.say(t("term.closing", cost=rt.total_cost(), path=rt.manifest_path))
+
+    # -- banners ------------------------------------------------------------------------
 
     def _ev_wake(self, ev: Event) -> None:
         """seed 000: report the wake, or "does it remember?" is invisible."""
         p = ev.payload
         self.woke = int(p.get("woke", 1))
         parts = [str(x) for x in p.get("lead") or []]
-        parts += [f"{name}上下文 {kilo(n)}" for name, n in (p.get("contexts") or {}).items() if n]
-        parts.append(f"第 {self.woke} 次唤醒")
-        self.say(f"<- 在 {_home(str(p.get('workspace', '')))} 接上上次  " + " · ".join(parts))
+        parts += [
+            t("term.wake.context", name=name, size=kilo(n))
+            for name, n in (p.get("contexts") or {}).items()
+            if n
+        ]
+        parts.append(t("term.wake.count", n=self.woke))
+        where = _home(str(p.get("workspace", "")))
+        self.say(t("term.wake", where=where, parts=" · ".join(parts)))
 
     def on_event(self, ev: Event) -> None:
+        if self.oracle is not None:
+            with contextlib.suppress(Exception):
+                self.oracle.observe(ev)
+        self._count(ev)
         handler = getattr(self, f"_ev_{ev.kind}", None)
         if handler is not None:
             handler(ev)
@@ -81,131 +373,296 @@ class Terminal:
         head = rule(name) + f"  {pos}"
         if p.get("reused"):
             self._reused.add(name)
-            self.say(f"{head}  ✓ 上次已完成,输入没变,直接复用(不再发给模型)")
+            self.say(f"{head}  {t('term.step.reused')}")
         elif p.get("resumed"):
-            self.say(f"{head}  <- 接上次 · 第 {p.get('woke', self.woke)} 次唤醒")
+            self.say(f"{head}  {t('term.step.resumed', n=p.get('woke', self.woke))}")
         else:
             self.say(head)
+        self._began(name)
 
     def _ev_text(self, ev: Event) -> None:
-        if ev.payload.get("subagent"):
+        if ev.payload.get("subagent") and not self.verbose:
             return  # a worker's prose stays in its own transcript; its report reaches the main
         text = ev.text.strip()
         if text:
-            self.say("  " + text.replace("\n", "\n  "))
+            bar = "| " if ev.payload.get("subagent") else ""
+            for line in wrap(clean(text), self.cols, "  " + bar):
+                self.say(line)
+
+    def _ev_tool_call(self, ev: Event) -> None:
+        if ev.tool.startswith("mcp__human__"):
+            return  # questions and the inbox have their own lines
+        bar = "| " if ev.payload.get("subagent") else ""
+        text = " ".join(clean(ev.text).split())
+        room = max(10, self.cols - width(ev.tool) - 8)
+        if width(text) > room:
+            text = _cut(text, room - 1)[0] + "…"
+        self.say("  " + bar + t("term.tool", tool=ev.tool, text=text))
+
+    def _ev_tool_result(self, ev: Event) -> None:
+        is_error = bool(ev.payload.get("is_error"))
+        if not (is_error or self.verbose):
+            return  # by default only a failing tool result is shown
+        first = next((x for x in clean(ev.text).splitlines() if x.strip()), "")
+        first = _cut(first, max(10, self.cols - 16))[0]
+        if is_error:
+            tool = str(ev.payload.get("tool") or ev.tool or "tool")
+            self.say("  " + t("term.tool_error", tool=tool, text=first), colour=RED)
+        else:
+            self.say("  " + t("term.tool_result", text=first), colour=DIM)
 
     def _ev_retry(self, ev: Event) -> None:
         p = ev.payload
-        if DIED in str(p.get("error", "")):
-            self.say(
-                f"  … 步骤子进程意外退出,{p.get('delay', 0)} 秒后换一个子进程接着同一条会话"
-                f"(第 {p.get('attempt')} 次失败)"
-            )
-        else:
-            self.say(
-                f"  … API 暂时不可用:网络通了再等 {p.get('delay', 0)} 秒,在同一条会话上接着做"
-                f"(第 {p.get('attempt')} 次失败)"
-            )
+        key = "term.retry.died" if DIED in str(p.get("error", "")) else "term.retry.api"
+        self.say("  " + t(key, delay=p.get("delay", 0), n=p.get("attempt")))
 
     def _ev_offline(self, ev: Event) -> None:
         p = ev.payload
         self.say(
-            f"  … 连不上 API,等网络恢复(已等 {p.get('elapsed', 0)} 秒,"
-            f"每 {p.get('interval', 0):g} 秒探一次;Ctrl-C 可以打断)"
+            "  " + t("term.offline", elapsed=p.get("elapsed", 0), every=f"{p.get('interval', 0):g}")
         )
+
+    def _ev_context(self, ev: Event) -> None:
+        used = int(ev.payload.get("used") or 0)
+        if used:
+            self._step["context"] = used
 
     def _ev_handoff(self, ev: Event) -> None:
         p = ev.payload
         phase = p.get("phase")
+        window = int(p.get("window") or self._step.get("window") or 0)
         if phase == "near":
-            self.say(
-                f"  … 上下文 {kilo(int(p.get('used', 0)))} / {kilo(int(p.get('window', 0)))},快满了"
-            )
+            self.say(t("term.handoff.near", used=kilo(int(p.get("used", 0))), window=kilo(window)))
         elif phase == "writing":
-            self.say("  … 上下文满了,正在写交接书,换一条新会话接手")
+            self._handoff_used = int(p.get("used") or self._step.get("context") or 0)
+            self.say(t("term.handoff.writing", used=kilo(self._handoff_used), window=kilo(window)))
         elif phase == "done":
-            where = p.get("path") or "(没有工作台,未落盘)"
-            kind = "降级交接书" if p.get("degraded") else "交接书"
-            self.say(f"  … {kind}已写好:{where},新会话接手")
+            summary = p.get("summary") or {}
+            for key in ("doing", "decided", "deadends", "next"):
+                label = t(f"term.handoff.{key}")
+                text = " ".join(clean(str(summary.get(key) or "—")).split())
+                room = max(10, self.cols - 6 - max(width(label), 10))
+                text = text if width(text) <= room else _cut(text, room - 1)[0] + "…"
+                self.say(f"  - {label}{' ' * max(1, 12 - width(label))}{text}")
+            if p.get("degraded"):
+                self.say(t("term.handoff.degraded"), colour=RED)
+            path = p.get("path")
+            self.say(
+                t("term.handoff.where", path=_home(str(path)))
+                if path
+                else t("term.handoff.nowhere")
+            )
+            self.say(t("term.handoff.new", used=kilo(self._handoff_used)))
 
-    def _ev_ask(self, ev: Event) -> None:
-        """A question from the flow's HumanChannel (or something the person said)."""
-        p = ev.payload
-        if p.get("kind") == "mail":
-            self.say(f"  ~ 你说:{ev.text}")
-            return
-        qid = str(p.get("id", ""))
-        if p.get("state") != "asked":  # settled: at once (unattended, quota …) or meanwhile
-            waiting = self._asking.pop(qid, None)
-            if waiting is None:
-                self.say(f"? {ev.text}  ({p.get('state')})")
-            elif not waiting.done():
-                waiting.cancel()  # nobody answered in time: its prompt gives its place up
-                self.say(f"  ({p.get('state')}: {ev.text})")
-            return
-        task = asyncio.get_running_loop().create_task(self._answer(ev))
-        self._asking[qid] = task
-        task.add_done_callback(lambda _t: self._asking.pop(qid, None))
-
-    async def _answer(self, ev: Event) -> None:
-        options = [str(o) for o in ev.payload.get("options") or []]
-        self._show_question(ev.text, options)
-        line = pick(await self.read_line("> (回车 = 跳过,让它自己判断) "), options)
-        ch, qid = self.channel, str(ev.payload.get("id", ""))
-        if ch is None:
-            return
-        if line:
-            ch.answer(qid, line)
-        else:
-            ch.decline(qid)
+    def _ev_window(self, ev: Event) -> None:
+        window = int(ev.payload.get("window") or 0)
+        if window:
+            self._step["window"] = window
 
     def _ev_task(self, ev: Event) -> None:
         """goal_step's warning: checks that cannot be verified here fail every verdict."""
         doomed = ev.payload.get("unverifiable")
         if doomed:
-            self.say(f"! {ev.text}")
+            self.say(t("term.task", text=ev.text))
             for item in doomed:
                 self.say(f"    - {item}")
 
-    def step_done(self, result: StepResult) -> None:
-        if result.step in self._reused:
-            return  # the step line already said so; its old cost was not spent again
-        mark = "✓" if result.ok else "✗"
-        extra = f"  {result.error}" if result.error else ""
-        self.say(
-            f"   {mark} {result.step}  {result.duration_s:.1f}s · ${result.cost_usd:.4f}{extra}"
+    # -- questions and the inbox ----------------------------------------------------------
+
+    def _ev_ask(self, ev: Event) -> None:
+        """A question from the flow's HumanChannel, or something the person said."""
+        p = ev.payload
+        if p.get("kind") == "mail":
+            self._mail(ev)
+            return
+        qid = str(p.get("id", ""))
+        state = str(p.get("state") or "")
+        if state == "asked":
+            options = [str(o) for o in p.get("options") or []]
+            self._show_question(ev.text, options, int(p.get("remaining", -1)))
+            self._questions[qid] = _Question(qid, options, self._channel_settle(qid))
+            self._want_input()
+            return
+        was_waiting = self._questions.pop(qid, None) is not None
+        if not was_waiting:  # settled at once (unattended, quota, …): show what was asked
+            self._show_question(ev.text, [str(o) for o in p.get("options") or []], -1)
+        self._show_outcome(state, str(p.get("answer") or ""))
+        self._redraw()
+
+    def _mail(self, ev: Event) -> None:
+        p = ev.payload
+        if p.get("state") == "queued":
+            self.say(t("term.received" if p.get("amended") else "term.received.unkept"))
+        elif p.get("state") == "delivered" and self.verbose:
+            self.say("  " + t("term.delivered", text=ev.text))
+
+    def _show_question(self, question: str, options: list[str], remaining: int) -> None:
+        self.say("  " + t("term.asked", question=question))
+        for i, opt in enumerate(options, 1):
+            self.say("  " + t("term.option", i=i, option=opt))
+        if remaining >= 0:
+            self.say("  " + t("term.remaining", n=remaining))
+
+    def _show_outcome(self, state: str, answer: str) -> None:
+        if state == "answered":
+            self.say("  " + t("term.answered", answer=answer))
+        elif state in ("timeout", "over_budget", "declined", "invalid", "cancelled"):
+            self.say("  " + t(f"term.{state}"))
+
+    def _channel_settle(self, qid: str) -> Callable[[str | None], None]:
+        def settle(line: str | None) -> None:
+            ch = self.channel
+            if ch is None:
+                return
+            if line:
+                ch.answer(qid, line)
+            else:
+                ch.decline(qid)
+
+        return settle
+
+    def questions_waiting(self) -> int:
+        return len(self._questions)
+
+    async def ask(self, msg: Any) -> str | None:
+        """A question that came over the pipe without a channel: the answer, None = skip."""
+        options = [str(o) for o in getattr(msg, "options", []) or []]
+        self._show_question(str(msg.question), options, -1)
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        qid = f"pipe-{id(fut)}"
+
+        def settle(line: str | None) -> None:
+            if not fut.done():
+                fut.set_result(line)
+
+        self._questions[qid] = _Question(qid, options, settle)
+        self._want_input()
+        try:
+            answer = await fut
+        finally:
+            self._questions.pop(qid, None)
+            self._redraw()
+        self._show_outcome("answered" if answer else "declined", answer or "")
+        return answer
+
+    # -- the status line ----------------------------------------------------------------------
+
+    def _began(self, step: str) -> None:
+        self._step = {"name": step, "began": time.monotonic(), "turns": 0, "tools": 0}
+        if self._status is None and self.status_every > 0:
+            with contextlib.suppress(RuntimeError):
+                self._status = asyncio.get_running_loop().create_task(self._status_loop())
+
+    def _count(self, ev: Event) -> None:
+        if not self._step or ev.payload.get("subagent"):
+            return
+        if ev.kind == "context" and not ev.payload.get("final"):
+            self._step["turns"] = int(self._step.get("turns", 0)) + 1
+        elif ev.kind == "tool_call":
+            self._step["tools"] = int(self._step.get("tools", 0)) + 1
+
+    async def _status_loop(self) -> None:
+        """A status line every ``status_every`` seconds while a step runs."""
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                await asyncio.sleep(self.status_every)
+                if self._step and "ended" not in self._step:
+                    self.say(self.status_line())
+
+    def status_line(self) -> str:
+        s = self._step
+        cost = self.rt.total_cost() if self.rt is not None else 0.0
+        return t(
+            "term.status",
+            step=s.get("name", ""),
+            turns=s.get("turns", 0),
+            tools=s.get("tools", 0),
+            context=kilo(int(s.get("context", 0))),
+            cost=cost,
+            elapsed=clock(time.monotonic() - float(s.get("began", time.monotonic()))),
         )
 
-    # -- asking -----------------------------------------------------------------------
+    def step_done(self, result: StepResult) -> None:
+        if self._step:
+            self._step["ended"] = True
+        if result.step in self._reused:
+            return  # the step line already said so; its old cost was not spent again
+        fields = {
+            "step": result.step,
+            "duration": clock(result.duration_s),
+            "cost": result.cost_usd,
+            "error": result.error or "",
+        }
+        if result.ok:
+            self.say("  " + t("term.step.ok", **fields))
+        else:
+            self.say("  " + t("term.step.failed", **fields), colour=RED)
+
+    def stop(self) -> None:
+        """The run is over: no status line, no prompt, no reading."""
+        if self._status is not None:
+            self._status.cancel()
+            self._status = None
+        self._listening = False
+        if not self._waiters and not self._questions:
+            self._stop_reading()
+        self._redraw()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def listen(self) -> None:
+        """From now on read the person all the time (the run has started)."""
+        self._listening = True
+        self._want_input()
 
     async def read_line(self, prompt: str) -> str | None:
         """One line typed by the person; None when stdin is closed or not readable.
 
-        One reader serves every prompt (a question and the Ctrl-C sentence may wait at the
-        same time): lines go to the waiting prompts oldest first, a line typed before any
-        prompt waits for the next one, and a cancelled prompt gives its place up."""
-        self.out.write(prompt)
-        self.out.flush()
+        One reader serves every prompt: lines go to the waiting prompts oldest first, a
+        line typed before any prompt (and not taken as an answer or for the inbox) waits
+        for the next one, and a cancelled prompt gives its place up."""
         line = self._take_line()
         if line is not None or self._eof:
+            if not self.interactive:
+                self._emit(self.out, prompt)
             return line
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[str | None] = loop.create_future()
-        self._waiters.append(fut)
-        if not self._reading:
-            try:
-                loop.add_reader(self.stdin_fd, self._on_readable)
-            except (OSError, ValueError, PermissionError):
-                self._waiters.remove(fut)
-                return None
-            self._reading = True
+        shown = prompt.rsplit("\n", 1)
+        if len(shown) == 2:
+            self.say(shown[0])
+        self._waiters.append((fut, shown[-1]))
+        if self.interactive:
+            self._redraw()
+        else:
+            self._emit(self.out, shown[-1])
+        if not self._start_reading():
+            self._waiters.remove((fut, shown[-1]))
+            return None
         try:
             return await fut
         finally:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
-            if not self._waiters and self._reading:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove((fut, shown[-1]))
+            if not self._waiters and not self._questions and not self._listening:
                 self._stop_reading()
+            self._redraw()
+
+    def _want_input(self) -> None:
+        self._drain_buffer()
+        if self._listening or self._questions or self._waiters:
+            self._start_reading()
+        self._redraw()
+
+    def _start_reading(self) -> bool:
+        if self._reading or self._eof:
+            return not self._eof
+        try:
+            asyncio.get_running_loop().add_reader(self.stdin_fd, self._on_readable)
+        except (OSError, ValueError, PermissionError, RuntimeError):
+            return False
+        self._reading = True
+        return True
 
     def _take_line(self) -> str | None:
         if b"\n" not in self._buf:
@@ -222,35 +679,78 @@ class Terminal:
         except OSError:
             data = b""
         if not data:
-            self._eof = True
-            last = bytes(self._buf).decode("utf-8", "replace").strip() or None
-            self._buf.clear()
-            self._stop_reading()
-            for fut in list(self._waiters):
-                if not fut.done():
-                    fut.set_result(last)
-                    last = None
+            self._on_eof()
             return
         self._buf.extend(data)
-        while self._waiters and b"\n" in self._buf:
-            fut = self._waiters.popleft()
+        if self._shown:
+            self._shown = ""  # the person's Enter moved the cursor below the prompt
+        self._drain_buffer()
+        self._redraw()
+
+    def _drain_buffer(self) -> None:
+        """Give every complete line typed so far to where it belongs."""
+        while b"\n" in self._buf:
+            if self._waiters:
+                fut, _ = self._waiters.popleft()
+                if not fut.done():
+                    fut.set_result(self._take_line())
+                continue
+            if not (self._questions or self._listening):
+                return  # kept for the next prompt
+            line = self._take_line()
+            self._dispatch(line or "")
+
+    def _dispatch(self, line: str) -> None:
+        question = _side_question(line)
+        if question is not None:
+            self._to_oracle(question)
+            return
+        if self._questions:
+            q = self._questions.pop(next(iter(self._questions)))
+            q.settle(pick(line, q.options) or None)
+            return
+        if not line:
+            return
+        ch = self.channel
+        if ch is None:
+            self.say(t("term.no_inbox", text=line))
+            return
+        ch.send(line)
+
+    def _to_oracle(self, question: str) -> None:
+        if self.oracle is None or not question:
+            self.say(t("term.no_oracle"))
+            return
+        self.oracle.ask(question)
+
+    def _on_eof(self) -> None:
+        """Ctrl-D or the pipe closed: pending prompts get None, questions are skipped."""
+        self._eof = True
+        last = bytes(self._buf).decode("utf-8", "replace").strip() or None
+        self._buf.clear()
+        self._stop_reading()
+        for fut, _ in list(self._waiters):
             if not fut.done():
-                fut.set_result(self._take_line())
+                fut.set_result(last)
+                last = None
+        for qid in list(self._questions):
+            q = self._questions.pop(qid)
+            q.settle(None)
+        self._redraw()
 
     def _stop_reading(self) -> None:
-        with contextlib.suppress(OSError, ValueError, RuntimeError):
-            asyncio.get_running_loop().remove_reader(self.stdin_fd)
+        if self._reading:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(self.stdin_fd)
         self._reading = False
 
-    async def ask(self, msg: Any) -> str | None:
-        options = [str(o) for o in getattr(msg, "options", []) or []]
-        self._show_question(str(msg.question), options)
-        return pick(await self.read_line("> "), options)
 
-    def _show_question(self, question: str, options: list[str]) -> None:
-        self.say(f"? {question}")
-        for i, opt in enumerate(options, 1):
-            self.say(f"  {i}. {opt}")
+def _side_question(line: str) -> str | None:
+    """The question of a line for the oracle (``?`` or full-width ``？`` first), else None."""
+    s = line.lstrip()
+    if s[:1] in ("?", "？"):
+        return s[1:].strip()
+    return None
 
 
 def pick(line: str | None, options: list[str]) -> str | None:
@@ -287,3 +787,24 @@ def show_warnings(term: Terminal) -> WarningLines:
 def _home(path: str) -> str:
     home = os.path.expanduser("~")
     return "~" + path[len(home) :] if home != "/" and path.startswith(home) else path
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _isatty_fd(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default

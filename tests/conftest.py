@@ -18,6 +18,13 @@ from flower.testing.pytest_helpers import claude_home, model_server, reaper  # n
 from .e2e import Flower
 
 
+@pytest.fixture(autouse=True)
+def _seed_language(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flower speaks the seeds' Chinese in tests (their texts are the contract checked);
+    a test of the English catalogue sets FLOWER_LANG=en itself."""
+    monkeypatch.setenv("FLOWER_LANG", "zh")
+
+
 @pytest.fixture
 def flower_env(tmp_path: Path) -> Iterator[Callable[..., Flower]]:
     """A workspace/run_dir/CLI home wired to a model server; every process reaped at teardown."""

@@ -45,10 +45,64 @@ def test_the_wake_line_is_seed_000s():
     )
 
 
-def test_a_question_already_settled_is_shown_with_its_state_and_mail_as_said():
-    settled = Event("ask", "要哪个?", payload={"id": "q1", "state": "timeout", "options": []})
-    mail = Event("ask", "先写测试", payload={"kind": "mail"})
-    assert lines(settled, mail) == ["? 要哪个?  (timeout)", "  ~ 你说:先写测试"]
+def test_the_five_states_of_a_question_are_the_references_lines():
+    def ask(state: str, **extra: object) -> Event:
+        payload = {"id": "q1", "state": state, "options": ["CLI", "库"], **extra}
+        return Event("ask", "这个工具要做成 CLI 还是库?", payload=payload)
+
+    asked = ask("asked", remaining=5)
+    head = ["  ? 这个工具要做成 CLI 还是库?", "     1) CLI", "     2) 库"]
+    term_out = io.StringIO()
+    term = Terminal(term_out)
+
+    async def main() -> None:
+        term.on_event(asked)
+        term.on_event(ask("answered", answer="库"))
+
+    asyncio.run(main())
+    assert term_out.getvalue().splitlines() == [*head, "     (还能问 5 次)", "  + 库"]
+    # settled at once (unattended, quota): what was asked, then how it ended
+    assert lines(ask("timeout")) == [*head, "  ! 无人应答 —— 它会自己判断,把假设记进「未知与假设」"]
+    assert lines(ask("over_budget")) == [*head, "  ! 提问额度用完"]
+    assert lines(ask("declined")) == [*head, "  . 已跳过"]
+
+
+def test_what_the_person_said_gets_a_receipt():
+    kept = Event("ask", "先写测试", payload={"kind": "mail", "state": "queued", "amended": "/x"})
+    unkept = Event("ask", "先写测试", payload={"kind": "mail", "state": "queued", "amended": ""})
+    assert lines(kept, unkept) == [
+        "+ 收到 (它下次查收件箱时会看到;已追加进确认书)",
+        "+ 收到 (它下次查收件箱时会看到;没有确认书可落盘 —— 它可能活不过下一个步骤)",
+    ]
+
+
+def test_english_has_no_chinese_in_flowers_own_lines(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FLOWER_LANG", "en")
+    wake = Event("wake", payload={"woke": 2, "workspace": "/w", "contexts": {"work": 1500}})
+    said = Event("ask", "tests first", payload={"kind": "mail", "state": "queued", "amended": "/x"})
+    out = lines(wake, said)
+    assert out == [
+        "<- carrying on in /w  work context 1.5K · wake 2",
+        "+ received (it sees this the next time it checks its inbox; appended to the brief)",
+    ]
+
+
+def test_the_language_follows_flower_lang_then_the_locale(monkeypatch: pytest.MonkeyPatch):
+    from flower.i18n import lang
+
+    for name in ("FLOWER_LANG", "LC_ALL", "LC_MESSAGES", "LANG"):
+        monkeypatch.delenv(name, raising=False)
+    assert lang() == "en"
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    assert lang() == "zh"
+    monkeypatch.setenv("LC_MESSAGES", "en_US.UTF-8")  # more specific than LANG
+    assert lang() == "en"
+    monkeypatch.setenv("LC_ALL", "zh_TW.UTF-8")  # wins over both
+    assert lang() == "zh"
+    monkeypatch.setenv("FLOWER_LANG", "en")  # wins over the locale
+    assert lang() == "en"
+    monkeypatch.setenv("FLOWER_LANG", "fr")  # not a language flower has: the locale decides
+    assert lang() == "zh"
 
 
 def test_one_reader_serves_every_prompt_oldest_first():

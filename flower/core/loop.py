@@ -345,6 +345,7 @@ class StepLoop:
                 "degraded": was_degraded,
                 "path": str(path) if path else None,
                 "sections": sections,
+                "summary": {k: _first_line(getattr(h, k)) for k in sections},
             },
         )
         return h
@@ -453,3 +454,9 @@ class _Waiting:
 
 def _ignore(event: Event) -> None:
     return None
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    """A handoff section's first non-empty line, for the terminal's handoff block."""
+    line = next((x.strip(" -*\t") for x in str(text).splitlines() if x.strip()), "")
+    return line[:limit]
