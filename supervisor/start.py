@@ -35,6 +35,7 @@ from flower.workflow.starter import CLARIFY_STEP, WORK_STEP, archive
 
 from .eventlog import EventLog
 from .flows import refuse_new_while_live
+from .oracle import Oracle
 from .placement import Forked
 from .terminal import Terminal, show_warnings
 
@@ -158,6 +159,13 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     desk.install()
     await _wait_for_endpoint(rt, term)
     term.rt = rt
+    term.oracle = Oracle(
+        rt.run_dir,
+        rt.workspace,
+        rt.workbench if isinstance(rt.workbench, Workbench) else None,
+        say=term.say,
+        placement=rt.placement,
+    )
     term.listen()
     try:
         ctx = await wf.run(
@@ -170,6 +178,8 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         )
     finally:
         term.stop()
+        # Before rt.drain(): an oracle's attempt is a child of the same placement.
+        await term.oracle.drain()
         await rt.drain()
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":

@@ -276,6 +276,7 @@ class Terminal:
         self.status_every = _float_env("FLOWER_STATUS_EVERY", STATUS_EVERY_S)
         self._reused: set[str] = set()
         self._questions: dict[str, _Question] = {}
+        self._handed: set[str] = set()  # questions given a line, their outcome not shown yet
         self._waiters: collections.deque[tuple[asyncio.Future[str | None], str]] = (
             collections.deque()
         )
@@ -359,8 +360,7 @@ class Terminal:
 
     def on_event(self, ev: Event) -> None:
         if self.oracle is not None:
-            with contextlib.suppress(Exception):
-                self.oracle.observe(ev)
+            self.oracle.recent.add(ev)  # the oracle's window of recent events
         self._count(ev)
         handler = getattr(self, f"_ev_{ev.kind}", None)
         if handler is not None:
@@ -483,7 +483,8 @@ class Terminal:
             self._questions[qid] = _Question(qid, options, self._channel_settle(qid))
             self._want_input()
             return
-        was_waiting = self._questions.pop(qid, None) is not None
+        was_waiting = self._questions.pop(qid, None) is not None or qid in self._handed
+        self._handed.discard(qid)
         if not was_waiting:  # settled at once (unattended, quota, …): show what was asked
             self._show_question(ev.text, [str(o) for o in p.get("options") or []], -1)
         self._show_outcome(state, str(p.get("answer") or ""))
@@ -583,6 +584,8 @@ class Terminal:
         )
 
     def step_done(self, result: StepResult) -> None:
+        if self.oracle is not None:
+            self.oracle.recent.add_result(result)
         if self._step:
             self._step["ended"] = True
         if result.step in self._reused:
@@ -707,6 +710,7 @@ class Terminal:
             return
         if self._questions:
             q = self._questions.pop(next(iter(self._questions)))
+            self._handed.add(q.qid)  # its settled event must not show the question again
             q.settle(pick(line, q.options) or None)
             return
         if not line:
@@ -735,6 +739,7 @@ class Terminal:
                 last = None
         for qid in list(self._questions):
             q = self._questions.pop(qid)
+            self._handed.add(qid)
             q.settle(None)
         self._redraw()
 

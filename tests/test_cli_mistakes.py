@@ -18,6 +18,12 @@ from .e2e import REPO
 pytestmark = pytest.mark.timeout(60)  # a few short flower-super processes, no model
 
 
+@pytest.fixture(autouse=True)
+def _english(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read flower's English lines."""
+    monkeypatch.setenv("FLOWER_LANG", "en")
+
+
 def flower_super(tmp_path: Path, *args: str, key: bool = True) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
     env.update(HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO))

@@ -15,6 +15,12 @@ from .e2e import REPO, Flower
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(autouse=True)
+def _english(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read flower's English lines."""
+    monkeypatch.setenv("FLOWER_LANG", "en")
+
+
 @pytest.mark.timeout(90)  # one flower run with a real tool call
 def test_a_stray_print_in_the_child_does_not_break_the_step(model_server, flower_env):
     server = model_server(

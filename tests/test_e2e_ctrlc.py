@@ -90,7 +90,7 @@ def test_ctrl_c_once_then_a_sentence_reaches_the_same_session(model_server, flow
     try:
         server.wait_for(lambda reqs: any(r.conversation == "only" for r in reqs), timeout=60)
         term.type(b"\x03")
-        term.expect("打断了")
+        term.expect("已打断这一轮")
         term.type(SENTENCE.encode() + b"\n")
         assert term.wait() == 0, term.pump()
     finally:
@@ -124,7 +124,7 @@ def test_ctrl_c_twice_exits_and_the_next_start_resumes(model_server, flower_env)
         )
         wait_until(lambda: f.has_tool_result(held[0].session_id), 10, "the turn in sessions.db")
         term.type(b"\x03")
-        term.expect("打断了")
+        term.expect("已打断这一轮")
         term.type(b"\x03")
         assert term.wait() == 130, term.pump()
     finally:
@@ -167,7 +167,7 @@ def test_ctrl_c_during_the_backoff_after_a_death_reaches_the_same_session(model_
         child.kill()
         term.expect("步骤子进程意外退出")  # the death is a failed attempt: the backoff begins
         term.type(b"\x03")
-        term.expect("打断了")
+        term.expect("已打断这一轮")
         term.type(SENTENCE.encode() + b"\n")
         assert term.wait() == 0, term.pump()
     finally:

@@ -2,7 +2,8 @@
 
 Pure logic, no I/O: parsing and validating a script dict, matching a request body to a
 conversation, and choosing the turn from the request's own history (see ``select``).
-The format is documented in :mod:`flower.testing.model_server`.
+The format is :data:`SCRIPT_FORMAT` (``flower-super model-server --help`` prints it); the
+key sets below are what it documents, and a test holds the two together.
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ from typing import Any
 from flower._errors import ConfigError
 
 from . import _wire
+from ._format import SCRIPT_FORMAT
+
+__all__ = ["SCRIPT_FORMAT", "Script"]
 
 # Our tool_use ids carry the turn that produced them, so a later request's history tells
 # which turns were already answered even after the CLI was killed and resumed.
 _TOOL_ID_RE = re.compile(r"^toolu_01FLWR(\d{4})(\d{2})[0-9A-Za-z]+$")
 _ALNUM = string.ascii_letters + string.digits
 
+_TOP_KEYS = {"conversations", "default"}
+_CONVERSATION_KEYS = {"name", "match", "turns"}
+_DEFAULT_KEYS = {"name", "turns"}  # the object form of "default": a conversation without match
 _TURN_KEYS = {
     "text",
     "tool_use",
@@ -141,7 +148,7 @@ class Script:
     def from_dict(cls, data: dict[str, Any]) -> Script:
         if not isinstance(data, dict):
             raise _bad("the script must be a JSON object")
-        unknown = set(data) - {"conversations", "default"}
+        unknown = set(data) - _TOP_KEYS
         if unknown:
             raise _bad(f"unknown top-level keys {sorted(unknown)}")
         convs = tuple(
@@ -162,7 +169,7 @@ class Script:
         except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"cannot read model-server script {path}: {exc}",
-                hint="give a JSON file in the format described in flower.testing.model_server",
+                hint="give a JSON file in the format `flower-super model-server --help` shows",
             ) from exc
         return cls.from_dict(data)
 
@@ -309,15 +316,15 @@ def _block_texts(block: dict[str, Any]) -> list[str]:
 def _bad(what: str) -> ConfigError:
     return ConfigError(
         f"bad model-server script: {what}",
-        hint="see the format in the docstring of flower.testing.model_server",
+        hint="the format: `flower-super model-server --help` (flower.testing.SCRIPT_FORMAT)",
     )
 
 
 def _parse_default(data: Any) -> Conversation:
     if isinstance(data, list):
         data = {"turns": data}
-    if not isinstance(data, dict) or "match" in data:
-        raise _bad("'default' is a list of turns or {'turns': [...]} without 'match'")
+    if not isinstance(data, dict) or set(data) - _DEFAULT_KEYS:
+        raise _bad("'default' is a list of turns or {'name'?, 'turns': [...]} (no 'match')")
     return Conversation(name=str(data.get("name", "default")), turns=_parse_turns(data, "default"))
 
 
@@ -325,7 +332,7 @@ def _parse_conversation(data: Any, i: int) -> Conversation:
     if not isinstance(data, dict):
         raise _bad(f"conversation {i} is not an object")
     name = str(data.get("name", f"conversation-{i}"))
-    unknown = set(data) - {"name", "match", "turns"}
+    unknown = set(data) - _CONVERSATION_KEYS
     if unknown:
         raise _bad(f"conversation {name!r}: unknown keys {sorted(unknown)}")
     match = data.get("match")

@@ -68,6 +68,10 @@ ERROR_PRESETS: dict[str, tuple[int, str | None]] = {
 }
 
 
+# The keys of an error given as an object.
+ERROR_KEYS = {"status", "message", "type", "retry_after"}
+
+
 @dataclass(frozen=True)
 class ApiError:
     """An HTTP error answer in the real API's JSON shape."""
@@ -94,7 +98,7 @@ class ApiError:
             return cls.of(status, message)
         if isinstance(data, int) and not isinstance(data, bool):
             return cls.of(_status(data, where))
-        if isinstance(data, dict) and set(data) <= {"status", "message", "type", "retry_after"}:
+        if isinstance(data, dict) and set(data) <= ERROR_KEYS:
             err = cls.of(
                 _status(data.get("status"), where), data.get("message"), data.get("retry_after")
             )
@@ -121,7 +125,7 @@ def _status(v: Any, where: str) -> int:
 def _bad(what: str) -> ConfigError:
     return ConfigError(
         f"bad model-server script: {what}",
-        hint="see the format in the docstring of flower.testing.model_server",
+        hint="the format: `flower-super model-server --help` (flower.testing.SCRIPT_FORMAT)",
     )
 
 

@@ -5,68 +5,8 @@ The real Claude Code CLI talks to whatever ``ANTHROPIC_BASE_URL`` names; point i
 and no API key. Every request is recorded (:attr:`ModelServer.requests`), so a test can
 assert what the model was sent, e.g. that a resumed session carried its earlier turns.
 
-Script format (a dict, or a JSON file holding one)::
-
-    {
-      "conversations": [
-        {"name": "build",
-         "match": {"marker": "[[build]]"},
-         "turns": [
-           {"tool_use": [{"name": "Bash", "input": {"command": "ls"}}]},
-           {"text": "Listed.", "delay": 30, "times": 1},
-           {"error": 529, "times": 2, "text": "Recovered."},
-           {"text": "Big context.", "usage": {"input_tokens": 150000}},
-           {"cut": 3, "times": 1, "text": "After the cut."},
-           {"outage": 5, "times": 1, "text": "Back again."}
-         ]}
-      ],
-      "default": [{"text": "ok"}]
-    }
-
-Conversations: the first whose ``match`` holds answers a request, else ``default``.
-``match`` keys (all given must hold): ``marker`` — a substring of some user text block
-(tool results excluded; the prompt is one); ``system`` — a substring of the system
-prompt; ``session`` — the session id the CLI puts in ``metadata.user_id``; ``result`` — a
-substring of some tool result the request carries (so a judge that reads a file can answer
-by what the file holds).
-
-Turns: which turn answers is read FROM THE REQUEST: one past the last turn of this
-conversation found in the request's assistant history. Our tool_use ids carry their turn
-index (``toolu_01FLWR<turn:4><block:2>…``) and text turns are recognised by their text
-(so keep texts distinct within a conversation), hence the choice survives CLI kills,
-resumes and restarts of the server, with no per-conversation counter.
-
-A turn (a plain string is short for ``{"text": ...}``) has content — ``text`` and/or
-``tool_use`` (one ``{"name", "input"}`` or a list), optional ``usage`` (any of
-``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``,
-``cache_creation_input_tokens``; defaults estimate from sizes) and ``stop_reason`` — plus
-at most one fault, fired instead of the content:
-
-- ``error``: an HTTP error in the real API's JSON shape: a status (``529``), a preset
-  (``"overloaded"``, ``"rate_limit"``, ``"api_error"``, ``"authentication"``,
-  ``"permission"``, ``"invalid_request"``, ``"prompt_too_long"``) or
-  ``{"status", "message"?, "type"?, "retry_after"?}``;
-- ``cut``: stream that many SSE events, then reset the connection;
-- ``outage``: reset the connection and stop listening (connection refused) for that many
-  seconds, then listen on the same port again;
-
-and ``delay``: seconds to hold the request before answering (a test can kill the CLI
-meanwhile). ``times: N`` limits the fault and the delay to the first N requests for that
-turn (counted by the server, per conversation and turn); without it they fire every time,
-and a turn with a permanent fault needs no content. Past the last turn the server answers
-a text naming the problem (logged as ``exhausted``).
-
-The CLI compacts on its own when the reported context nears the window (measured: at
-about 98% of the 1M window of its default model) and after a "prompt is too long" in a
-multi-turn session: it then sends a summary request whose last user text starts with
-``CRITICAL: Respond with TEXT ONLY``. Route those with a conversation matching that
-marker, listed first. A flower Runtime with handoff on (the default) switches the CLI's
-auto-compaction off itself, so its steps never send those.
-
-Like the real API it rejects (400 ``invalid_request_error``) a request whose ``tool_use``
-ids have no ``tool_result`` in the next message, or whose ``tool_result`` names no
-``tool_use`` of the previous message. It also answers ``count_tokens``, ``/v1/models``
-and ``HEAD``; anything else gets a 404 in the API's shape. All of it is logged.
+The script format, :data:`flower.testing.SCRIPT_FORMAT`, is appended to this docstring
+below (and printed by ``flower-super model-server --help``).
 
 In a test::
 
@@ -99,10 +39,14 @@ from urllib.parse import urlsplit
 from flower._errors import ConfigError
 
 from . import _http, _wire
+from ._format import SCRIPT_FORMAT
 from ._log import RecordedRequest, RequestLog, redact_headers
 from ._script import Script, Selection, Turn, session_id_of, system_text
 
 __all__ = ["ModelServer", "RecordedRequest", "Script", "main"]
+
+# One text for the format wherever it is read: help(), the docs, the command line.
+__doc__ = f"{__doc__}\n{SCRIPT_FORMAT}"
 
 T = TypeVar("T")
 
@@ -448,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="model-server",
         description="Serve the Anthropic Messages API on loopback from a script (no network).",
+        epilog=SCRIPT_FORMAT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--script", required=True, help="JSON script (format: see module docs)")
+    parser.add_argument("--script", required=True, help="JSON script (format: below)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free one)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--log", help="append every request to this JSONL file (0600)")

@@ -1,7 +1,9 @@
 """Pytest fixtures and helpers for end-to-end tests against the real CLI.
 
-Use from a test module or conftest with ``pytest_plugins = ["flower.testing.pytest_helpers"]``
-(fixtures ``model_server``, ``claude_home``, ``reaper``), or import the helpers directly.
+The fixtures ``model_server``, ``claude_home`` and ``reaper`` are defined here; enable them,
+with ``flower_cli_env`` and ``flower_runtime``, through
+``pytest_plugins = ["flower.testing.pytest_plugin"]`` (see :mod:`.pytest_plugin`), or
+import the helpers directly (``run_claude``, ``Reaper``, ``read_transcript``, ...).
 
 Every process a test starts goes through a :class:`Reaper`, which kills the whole tree:
 the CLI's Bash tool runs in its own session, so killing the CLI alone leaves it running.

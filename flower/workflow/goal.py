@@ -28,6 +28,7 @@ from ..core.roles import clarify, judge
 from ..docs.brief import Brief, write_document
 from ..docs.goal import Goal
 from ..docs.verdict import VAGUE_REASON, Verdict
+from ..i18n import define, t
 from .base import Ctx, Step, StepAbort
 
 BRIEF_KEY = "_brief"
@@ -72,13 +73,50 @@ VERIFY_PROMPT = (
     "目标:\n\n{goal}"
 )
 
-NO_RUNTIME = "拿不到 Runtime,无法判定目标"
-
-ACCEPT = "接受这个结果,就这样往下走"
-AMEND = "修改目标"
-WRONG = "你判断错了"
-UNREACHABLE_QUESTION = "判定者认为这个目标在当前环境里无法验证或无法达成:\n{reason}\n\n怎么处理?"
 GOAL_AMENDED = "目标刚被人修改过,下一轮按修改后的目标做,判定者也按它判:"
+
+# What the person is told and asked (in their language; these constants are the Chinese).
+define(
+    {
+        "goal.no_runtime": ("拿不到 Runtime,无法判定目标", "no Runtime: the goal cannot be judged"),
+        "goal.accept": ("接受这个结果,就这样往下走", "accept this result and go on"),
+        "goal.amend": ("修改目标", "amend the goal"),
+        "goal.wrong": ("你判断错了", "the judge is wrong"),
+        "goal.unreachable": (
+            "判定者认为这个目标在当前环境里无法验证或无法达成:\n{reason}\n\n怎么处理?",
+            "The judge thinks this goal cannot be verified or reached here:\n{reason}\n\nWhat now?",
+        ),
+        "goal.new_goal": (
+            "新的目标是什么?(会追加在原目标后面)",
+            "What is the new goal? (it is appended to the old one)",
+        ),
+        "goal.no_reason": ("(判定者没有说明理由)", "(the judge gave no reason)"),
+        "goal.judge_failed": (
+            "判定者第 {n} 轮没有跑完:{error}",
+            "the judge of round {n} did not finish: {error}",
+        ),
+        "goal.no_result": ("没有结果", "no result"),
+        "goal.nobody": (
+            "判定为无法达成,没有人可问:{reason}",
+            "judged unreachable and there is nobody to ask: {reason}",
+        ),
+        "goal.no_answer": (
+            "判定为无法达成,没有人回应({state}):{reason}",
+            "judged unreachable and nobody answered ({state}): {reason}",
+        ),
+        "goal.no_new_goal": (
+            "要修改目标,但没有收到新目标({state}):{reason}",
+            "the goal was to be amended but no new goal came ({state}): {reason}",
+        ),
+        "goal.doomed": (
+            "目标里有 {n} 条在此环境无法验证,判定时注定不过:{path}",
+            "{n} check(s) of the goal cannot be verified here and will fail every verdict: {path}",
+        ),
+    }
+)
+NO_RUNTIME = "拿不到 Runtime,无法判定目标"
+ACCEPT, AMEND, WRONG = "接受这个结果,就这样往下走", "修改目标", "你判断错了"
+UNREACHABLE_QUESTION = "判定者认为这个目标在当前环境里无法验证或无法达成:\n{reason}\n\n怎么处理?"
 NEW_GOAL_QUESTION = "新的目标是什么?(会追加在原目标后面)"
 
 
@@ -187,7 +225,7 @@ def goal_step(
             sink(
                 Event(
                     "task",
-                    f"目标里有 {len(doomed)} 条在此环境无法验证,判定时注定不过:{path}",
+                    t("goal.doomed", n=len(doomed), path=path),
                     payload={
                         "unverifiable": list(doomed),
                         "total": len(goal.checks),
@@ -260,7 +298,7 @@ def with_goal(
     async def gate(result: StepResult, ctx: Ctx) -> bool:
         rt = ctx.get("_runtime")
         if rt is None:
-            raise StepAbort(NO_RUNTIME)
+            raise StepAbort(t("goal.no_runtime"))
         ctx[ROUND_KEY] = n = int(ctx.get(ROUND_KEY, 0)) + 1
         goal = _goal_of(ctx, path)
         verdict_run = await rt.run(
@@ -270,7 +308,9 @@ def with_goal(
             on_event=ctx.get("_on_event"),
         )
         if not verdict_run.ok:  # not a verdict at all: do not charge the worker a round for it
-            raise StepAbort(f"判定者第 {n} 轮没有跑完:{verdict_run.error or '没有结果'}")
+            raise StepAbort(
+                t("goal.judge_failed", n=n, error=verdict_run.error or t("goal.no_result"))
+            )
         verdict = Verdict.parse(verdict_run.text)
         ctx[VERDICT_KEY] = verdict
         if verdict.achieved:
@@ -302,19 +342,21 @@ async def _ask_about_unreachable(
     channel: Any, verdict: Verdict, goal: Goal, path: Path, ctx: Ctx
 ) -> bool:
     """The judge says the goal cannot be reached or checked here: only a person can decide."""
-    reason = verdict.reason or "(判定者没有说明理由)"
+    reason = verdict.reason or t("goal.no_reason")
     if channel is None:
-        raise StepAbort(f"判定为无法达成,没有人可问:{reason}")
-    asked = await channel.ask(UNREACHABLE_QUESTION.format(reason=reason), [ACCEPT, AMEND, WRONG])
+        raise StepAbort(t("goal.nobody", reason=reason))
+    accept, amend = t("goal.accept"), t("goal.amend")
+    options = [accept, amend, t("goal.wrong")]
+    asked = await channel.ask(t("goal.unreachable", reason=reason), options)
     if asked.state != "answered":
-        raise StepAbort(f"判定为无法达成,没有人回应({asked.state}):{reason}")
+        raise StepAbort(t("goal.no_answer", state=asked.state, reason=reason))
     said = asked.answer.strip()
-    if said == ACCEPT:
+    if said == accept:
         return True
-    if said == AMEND:
-        again = await channel.ask(NEW_GOAL_QUESTION)
+    if said == amend:
+        again = await channel.ask(t("goal.new_goal"))
         if again.state != "answered" or not again.answer.strip():
-            raise StepAbort(f"要修改目标,但没有收到新目标({again.state}):{reason}")
+            raise StepAbort(t("goal.no_new_goal", state=again.state, reason=reason))
         goal.amend(again.answer.strip()).write(path)
         ctx[GOAL_KEY] = goal
         ctx[AMENDED_KEY] = True  # the next round is told the new goal, not only the verdict

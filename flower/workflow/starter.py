@@ -25,6 +25,7 @@ from ..core.roles import coordinator, worker
 from ..core.workbench import Workbench
 from ..docs.brief import Brief
 from ..docs.goal import Goal
+from ..i18n import define, t
 from ..stores.dbfile import has_transcript
 from .base import Ctx, Step, Workflow
 from .goal import CLARIFY_RESUME, GOAL_KEY, clarify_step, goal_step, with_goal
@@ -239,15 +240,23 @@ def _work(
     return with_goal(step, channel, goal_path=goal_path, rounds=rounds, can_run=judge_can_run)
 
 
+define(
+    {
+        "starter.brief_confirmed": ("需求已确认", "brief confirmed"),
+        "starter.checks": ("目标 {n} 条", "goal: {n} checks"),
+    }
+)
+
+
 def _banner(brief_path: Path, goal_path: Path) -> list[str]:
     """seed 000's wake line: 需求已确认 always, 目标 N 条 only with a checklist."""
     parts = []
     brief = Brief.load(brief_path)
     if brief is not None and brief.complete():
-        parts.append("需求已确认")
+        parts.append(t("starter.brief_confirmed"))
     goal = Goal.load(goal_path)
     if goal is not None and goal.checks:
-        parts.append(f"目标 {len(goal.checks)} 条")
+        parts.append(t("starter.checks", n=len(goal.checks)))
     return parts
 
 

@@ -1,0 +1,254 @@
+"""The ``flower`` command end to end: the real CLI, the scripted model server, the supervisor.
+
+``flower "…"`` in a fresh directory runs the starter flow to its end; ``flower`` wakes it;
+a piped sentence is one more thing said (with the warning that nobody can answer); ``--new``
+archives. Through a real pty: a question answered by typing its option's number, a line
+typed while it works reaches the inbox and 需求.md, ``？``/``?`` lines get the oracle's
+answer (never in the run's own requests), and a model's escape sequences never reach the
+terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from flower.testing.model_server import ModelServer
+
+from .e2e import Flower, wait_until
+from .test_e2e_ctrlc import _controlling_tty
+from .test_e2e_starter import (
+    ASK,
+    ASKS_FIRST,
+    BRIEF,
+    NOT_MET,
+    WORK,
+    WORK_MARK,
+    asked,
+    conv,
+    no_api_errors,
+    notes,
+    script,
+    sessions_of,
+    tool,
+)
+
+# Several whole starter-flow runs (each 3-6 CLI sessions of a few turns) per test.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
+
+CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+ESCAPE = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)")
+
+
+def flower(f: Flower, *args: str, stdin: str | None = None, lang: str = "zh", timeout: float = 240):
+    """``flower ARGS`` run from the workspace (a fresh directory the first time)."""
+    env = {**f.env, "FLOWER_LANG": lang}
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args],
+        cwd=f.ws,
+        env=env,
+        input=(stdin or "").encode(),
+        capture_output=True,
+        timeout=timeout,
+    )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+def data_strings(value: Any) -> list[str]:
+    """Every string of a script, line by line: the model's words, not flower's."""
+    if isinstance(value, str):
+        return [x.strip() for x in value.splitlines() if x.strip()]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in data_strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in data_strings(v)]
+    return []
+
+
+def flowers_own(out: str, data: list[str]) -> list[str]:
+    """The output's lines with the model's words and the step labels taken out."""
+    labels = ["确认需求", "设定目标", "干活", "需求.md", "目标.md", "问答记录.md"]
+    own = []
+    for line in out.splitlines():
+        for s in sorted([*data, *labels], key=len, reverse=True):
+            line = line.replace(s, "")
+        own.append(line)
+    return own
+
+
+def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archives(
+    model_server, flower_env, tmp_path
+):
+    ws = tmp_path / "f0" / "ws"
+    spec = script(ws, clarify=ASKS_FIRST, coordinate=WORK, verdict=NOT_MET)
+    spec["default"] = ["ok"]  # the credential probe's one request
+    server = model_server(spec)
+    f: Flower = flower_env(server)
+
+    # A fresh directory, unattended, in English: the whole flow through the supervisor.
+    code, out, err = flower(f, ASK, "--timeout", "0", lang="en")
+    assert code == 0, out + err
+    assert "total cost $" in out and f"manifest {f.runs / 'manifest.json'}" in out, out
+    cost = float(re.search(r"total cost \$([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    assert cost == pytest.approx(sum(r["cost_usd"] for r in f.manifest()), abs=1e-4)
+    leftover = [x for x in flowers_own(out + err, data_strings(spec)) if CJK.search(x)]
+    assert not leftover, leftover
+    rows = {r["step"] for r in f.manifest()}
+    assert {"确认需求", "设定目标", "干活", "干活·判定#1"} <= rows
+    work = f.lineage()["steps"]["干活"]
+    assert (notes(f) / "需求.md").is_file()
+    f.assert_no_survivors()
+
+    # `flower` again, nothing said: the wake line, the same work session.
+    code, out, err = flower(f, "--timeout", "0")
+    assert code == 0, out + err
+    assert "<- 在" in out and "接上上次  需求已确认 · 目标 1 条" in out and "第 2 次唤醒" in out
+    assert "总花费 $" in out and "· 清单 " in out
+    assert f.lineage()["steps"]["干活"] == work
+    assert sessions_of(server, "coordinate") == [work]
+
+    # A sentence piped in: the warning that nobody can answer, and it is one more thing said.
+    code, out, err = flower(f, stdin="顺便支持代码块高亮\n")
+    assert code == 0, out + err
+    assert "! 标准输入不是终端,没人能回答提问。想让它自己判断就加 --timeout 0" in err
+    assert "顺便支持代码块高亮" in (notes(f) / "需求.md").read_text(encoding="utf-8")
+    assert sessions_of(server, "coordinate") == [work]
+
+    # --new: last time's lineage and frozen documents move to notes/archive/<ts>/.
+    code, out, err = flower(f, "--new", "另一件事 [[ask]]", "--timeout", "0")
+    assert code == 0, out + err
+    (archived,) = (notes(f) / "archive").iterdir()
+    assert {"lineage.json", "需求.md", "目标.md"} <= {p.name for p in archived.iterdir()}
+    assert f.lineage()["steps"]["干活"] != work
+    no_api_errors(server)
+    f.assert_no_survivors()
+
+
+class Pty:
+    """``flower`` on a pseudo-terminal (its controlling terminal, as under a shell)."""
+
+    def __init__(self, f: Flower, *args: str) -> None:
+        import os
+        import pty
+
+        self.os = os
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args],
+            cwd=f.ws,
+            env={**f.env, "COLUMNS": "100"},
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            preexec_fn=_controlling_tty,
+            close_fds=True,
+        )
+        f.procs.append(self.proc)
+        os.close(slave)
+        self.raw = b""
+
+    def pump(self) -> str:
+        import fcntl
+
+        fcntl.fcntl(self.master, fcntl.F_SETFL, self.os.O_NONBLOCK)
+        while True:
+            try:
+                data = self.os.read(self.master, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            self.raw += data
+        return self.raw.decode("utf-8", "replace")
+
+    def expect(self, text: str, timeout: float = 60) -> None:
+        wait_until(lambda: text in self.pump(), timeout, f"{text!r} on the terminal")
+
+    def type(self, text: str) -> None:
+        self.os.write(self.master, text.encode())
+
+    def wait(self, timeout: float = 120) -> int:
+        wait_until(
+            lambda: self.pump() is not None and self.proc.poll() is not None, timeout, "exit"
+        )
+        self.pump()
+        return self.proc.wait(timeout=1)
+
+    def close(self) -> None:
+        self.os.close(self.master)
+
+
+NASTY = "完成\x1b[2J\x1b]0;x\x07\x1b[31m红"
+
+
+def test_talking_to_a_running_flower_through_a_pty(model_server, flower_env):
+    said = "先写测试再写代码"
+    inbox = tool("mcp__human__inbox")
+    inbox["delay"] = 8  # the worker looks at its inbox a little after the step began
+    spec = {
+        "conversations": [
+            # The oracle's conversations first: its prompt quotes recent events.
+            conv("oracle-zh", ["在干活,刚开始。"], marker="现在到哪了"),
+            conv("oracle-en", ["只有 out.txt。"], marker="用了哪些文件"),
+            conv(
+                "clarify",
+                [
+                    tool(
+                        "mcp__human__ask",
+                        question="输出放哪个文件?",
+                        options=["out.html", "out.md"],
+                    ),
+                    BRIEF,
+                ],
+                marker="[[ask]]",
+            ),
+            conv("coordinate", [inbox, NASTY], marker=WORK_MARK),
+        ],
+        "default": ["ok"],
+    }
+    server: ModelServer = model_server(spec)
+    f: Flower = flower_env(server)
+    term = Pty(f, ASK, "--no-goal", "--timeout", "120")
+    try:
+        term.expect("2) out.md")
+        term.expect("你的回答 (回车=跳过,让它自己判断) > ")
+        term.type("2\n")
+        term.expect("+ out.md")
+        term.expect("== 干活")
+        term.expect("(直接说 = 加需求,下个检查点送达;? 开头 = 顺便问一句,不打扰它干活) > ")
+        term.type(said + "\n")
+        term.expect("+ 收到 (它下次查收件箱时会看到;已追加进确认书)")
+        term.type("？ 现在到哪了\n")
+        term.type("? 用了哪些文件\n")
+        term.expect("在干活,刚开始。")
+        term.expect("只有 out.txt。")
+        assert term.wait() == 0, term.pump()
+        screen = term.pump()
+    finally:
+        term.close()
+    assert screen.count("# 旁路") == 2 and "没有打扰正在跑的运行" in screen
+
+    # The option the person chose reached the clarifier as the answer.
+    clar = asked(server, "clarify")
+    assert any("out.md" in json.dumps(r.messages[-1], ensure_ascii=False) for r in clar[1:])
+    # The typed line: appended to 需求.md, and in the worker's inbox result.
+    assert said in (notes(f) / "需求.md").read_text(encoding="utf-8")
+    work = asked(server, "coordinate")
+    assert any(said in json.dumps(r.messages[-1], ensure_ascii=False) for r in work[1:])
+    # The oracle's questions never reached the run's own sessions; its books are apart.
+    for r in server.requests:
+        if r.conversation in ("clarify", "coordinate"):
+            assert not any("现在到哪了" in x or "用了哪些文件" in x for x in r.texts())
+    assert (f.runs / "aside" / "manifest.json").is_file()
+    assert not {"oracle-zh", "oracle-en"} & {r["step"] for r in f.manifest()}
+    # The model's escapes were removed: its words arrive joined, and every escape on the
+    # screen is one of flower's own SGR colours.
+    assert "完成红" in screen
+    escapes = {m.group(0) for m in ESCAPE.finditer(screen)}
+    assert escapes <= {"\x1b[31m", "\x1b[2m", "\x1b[0m"}, escapes
+    f.assert_no_survivors()
