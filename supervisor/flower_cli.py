@@ -381,14 +381,13 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 def _credentials(args: argparse.Namespace, workspace: Path) -> None:
     """Gate one (are there credentials) and gate two (do they work), as setup says."""
-    from flower.core.credentials import load_dotenv
-
     from .setup import SetupExit, ensure_credentials
 
-    load_dotenv(workspace, Path.cwd())
     interactive = sys.stdin.isatty()
     try:
-        ensure_credentials(interactive=interactive, say=_say, read_line=_input_line)
+        ensure_credentials(
+            interactive=interactive, say=_say, read_line=_input_line, workspace=workspace
+        )
     except SetupExit as exc:
         raise Stop(exc.message, exc.code) from None
     if args.verbose:
@@ -487,7 +486,23 @@ def _go(args: argparse.Namespace) -> int:
         archive=False,
         handoff=_handoff(args),
     )
-    return run_start(wf, start, Terminal(verbose=args.verbose))
+    return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
+
+
+def _after_stop(code: int, term: Any) -> int:
+    """A run stopped by what looks like a rejected credential: offer to set them again here
+    (a terminal only), then exit 1 either way: the same command carries on."""
+    why = str(getattr(term, "stop_reason", "") or "")
+    if code != 1 or not why or not sys.stdin.isatty():
+        return code
+    from .setup import configure, looks_like_credentials_error
+
+    if not looks_like_credentials_error(why):
+        return code
+    _say(t("setup.crash.looks_like_auth", detail=why[:120]))
+    if configure(t("setup.reason.again"), read_line=_input_line, say=_say):
+        _say(t("setup.crash.configured"))
+    return 1
 
 
 def _handoff(args: argparse.Namespace) -> Any:
@@ -543,7 +558,7 @@ def _run(args: argparse.Namespace) -> int:
         archive=False,
         workbench=workbench,
     )
-    return run_start(wf, start, Terminal(verbose=args.verbose))
+    return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
 
 
 def _once(args: argparse.Namespace) -> int:

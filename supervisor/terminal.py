@@ -288,6 +288,7 @@ class Terminal:
         self._step: dict[str, Any] = {}
         self._status: asyncio.Task[None] | None = None
         self._handoff_used = 0
+        self.stop_reason = ""  # why the run stopped, when a step stopped it
 
     # -- output -------------------------------------------------------------------------
 

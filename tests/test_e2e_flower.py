@@ -252,3 +252,90 @@ def test_talking_to_a_running_flower_through_a_pty(model_server, flower_env):
     escapes = {m.group(0) for m in ESCAPE.finditer(screen)}
     assert escapes <= {"\x1b[31m", "\x1b[2m", "\x1b[0m"}, escapes
     f.assert_no_survivors()
+
+
+# -- the exit-code table: every deliberate stop is one line on stderr, exit 1 --------------
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        ("authentication", "凭证被拒,且无法交互配置。跑 `flower setup` 重配。"),
+        ({"status": 404}, "网关地址或模型名不对,且无法交互配置。跑 `flower setup` 重配。"),
+    ],
+)
+def test_a_probe_refused_without_a_terminal_is_its_line(model_server, flower_env, error, line):
+    f: Flower = flower_env(model_server({"default": [{"error": error}]}))
+    code, out, err = flower(f, "做 X", "--timeout", "0")
+    assert code == 1 and line in err.splitlines(), out + err
+    assert "Traceback" not in err and not f.runs.exists()
+
+
+def test_an_empty_ask_with_nothing_to_wake_and_a_step_that_stops(model_server, flower_env):
+    server = model_server(
+        {
+            "conversations": [conv("only", [{"error": "invalid_request"}])],
+            "default": ["ok"],
+        }
+    )
+    f: Flower = flower_env(server)
+    code, out, err = flower(f)  # stdin is not a terminal and says nothing
+    assert code == 1 and "要给一句诉求,例如 flower '帮我做一个 X'" in err.splitlines(), out + err
+    # A step whose error is not worth retrying stops the run: its line, exit 1.
+    code, out, err = flower(f, "run", "tests.flows.basic:one")
+    assert code == 1, out + err
+    assert any(x.startswith("在步骤 'only' 中止") for x in err.splitlines()), err
+    assert "总花费 $" in out and "Traceback" not in err
+    f.assert_no_survivors()
+
+
+def test_the_startup_prompt_on_a_terminal(model_server, flower_env):
+    f: Flower = flower_env(model_server({"default": ["ok"]}))
+    first = "要做什么? 一句话就够,回车开始(Ctrl-C 退出)"
+    for typed, line in [
+        ("\n", '诉求是空的。直接 `flower` 然后按提示输入,或者 flower "帮我做一个 X"。'),
+        ("\x04", "已取消"),  # Ctrl-D
+        ("\x03", "已取消"),  # Ctrl-C
+    ]:
+        term = Pty(f)
+        try:
+            term.expect(first)
+            term.expect("> ")
+            term.type(typed)
+            assert term.wait(60) == 1, term.pump()
+            assert line in term.pump()
+            assert "Traceback" not in term.pump()
+        finally:
+            term.close()
+    assert not f.runs.exists()
+
+
+def test_flower_setup_on_a_terminal_writes_the_file_0600_and_starts_no_run(
+    model_server, flower_env, tmp_path
+):
+    server = model_server({"default": ["ok"]})
+    xdg = tmp_path / "xdg"
+    f: Flower = flower_env(server, extra_env={"XDG_CONFIG_HOME": str(xdg)})
+    term = Pty(f, "setup")
+    try:
+        term.expect("== 配置 flower")
+        term.expect("1. 你的 API key 或网关 token")
+        term.type("gw-token-abcdef123456\n")
+        term.expect("2. 网关地址")
+        term.type(server.url + "\n")
+        term.expect("3. 模型名")
+        term.type("\n")
+        assert term.wait(60) == 0, term.pump()
+        screen = term.pump()
+    finally:
+        term.close()
+    env_file = xdg / "flower" / ".env"
+    assert f"+ 存好了:{env_file}" in screen
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    text = env_file.read_text()
+    assert "ANTHROPIC_AUTH_TOKEN=gw-token-abcdef123456" in text
+    assert f"ANTHROPIC_BASE_URL={server.url}" in text
+    assert not f.runs.exists() and not (f.ws / ".flower").exists()
+    # One request, the probe's; no model turn of any run.
+    sent = [r for r in server.requests if r.path == "/v1/messages"]
+    assert [r.messages for r in sent] == [[{"role": "user", "content": "hi"}]]

@@ -24,14 +24,11 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from filelock import FileLock
 
 from .._errors import RunDirBusy
 from ..util.fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
@@ -167,6 +164,9 @@ class Lineage:
         self.run_dir = self.path.parent
         self._write_failed = False  # warned once: a run whose lineage cannot be written
         self._written: dict[str, str] = {}  # entries this object put on disk
+        # filelock costs ~15 ms to import; peek() and damage() (what status reads) never lock
+        from filelock import FileLock
+
         self._lock = FileLock(
             f"{self.path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
         )
@@ -287,6 +287,8 @@ class Lineage:
         """Entries naming sessions the store no longer has: those steps start fresh. The
         file stays (other flows' entries are in it) and loses those entries, so a copy keeps
         the old ids for a person to look at."""
+        import shutil  # with bz2 and lzma, ~2 ms that readers such as status never use
+
         names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
         try:
             aside = _unused(
@@ -423,6 +425,8 @@ def _move_existing(sources: list[Path], into: Path) -> list[Path]:
     present = [p for p in sources if p.exists()]
     if not present:
         return []
+    import shutil
+
     private_dir(into)
     moved = []
     for src in present:

@@ -34,12 +34,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from filelock import FileLock
+from typing import TYPE_CHECKING, Any
 
 from ..util.fsutil import FILE_MODE, atomic_write_text, open_private, private_dir, set_aside
 from .result import StepResult
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger("flower")
 
@@ -202,6 +203,8 @@ def _run_state(path: Path, run_id: str) -> _RunState:
 
 
 def _lock_for(run_dir: Path) -> FileLock:
+    from filelock import FileLock  # ~15 ms: damage() and an absent manifest need no lock
+
     return FileLock(
         run_dir / f"{MANIFEST_NAME}.lock",
         timeout=LOCK_TIMEOUT_S,

@@ -13,13 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from ..util.fsutil import atomic_write_text, private_dir, set_aside
 
@@ -37,12 +34,16 @@ INTERRUPTED = "interrupted"
 
 def new_run_id(now: float | None = None) -> str:
     """A process marker: ``YYYYmmdd-HHMMSS-<6 hex>``."""
+    import secrets  # hashlib and hmac: ~5 ms that status and cancel never need
+
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
 def process_started(pid: int) -> float | None:
     """The start time psutil reports for ``pid``, or None if there is no such process."""
+    import psutil  # ~14 ms: loaded only when a process is asked about
+
     try:
         return psutil.Process(pid).create_time()
     except (psutil.Error, OSError):
@@ -53,6 +54,14 @@ def is_alive(pid: int, started: float | None) -> bool:
     """True when ``pid`` runs and is the very process that started at ``started``."""
     if not pid:
         return False
+    try:
+        os.kill(pid, 0)  # no such process: the common case for status, without psutil's import
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        pass  # someone else's process, or an odd platform: psutil decides
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
