@@ -236,13 +236,68 @@ def cancel(run: str, run_dir: Path) -> None:
     click.echo(f"stopped run {rec.run} (pid {rec.pid}); to carry it on: {resume}")
 
 
-@main.command("model-server")
+@main.command()
+@click.argument("what", metavar="[RUN | STEP]", required=False)
+@run_dir_option
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")
+def show(what: str | None, run_dir: Path, as_json: bool) -> None:
+    """Print a step's conversation from sessions.db: prompts, the model's text, each tool
+    call on one line, each result folded.
+
+    \b
+    Nothing: the latest step of the latest run (the one in flight, if it is live).
+    RUN: every conversation of that run, in the order it ran them (a run id from
+         `status`, or a unique prefix).
+    STEP: that step's session (a name, or a label as the manifest writes it: 干活#round2).
+
+    It reads sessions.db read-only, so it is safe while a flower runs. An unknown run or
+    step is one line and exit status 2.
+    """
+    from .show import run
+
+    try:
+        run(what, run_dir, as_json)
+    except FlowerError as exc:
+        _fail(exc, as_json=as_json)
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("-f", "--follow", "follow_", is_flag=True, help="keep printing while it runs")
+@run_dir_option
+def logs(run: str | None, follow_: bool, run_dir: Path) -> None:
+    """Print a run's events, one line each: time, step, kind, text (default: the latest run).
+
+    RUN is a run id from `status`, or a unique prefix. With -f it keeps printing the
+    events of a live flower as they come and ends when that flower ends (Ctrl-C ends it
+    too, exit status 130). A run from before event logs existed has none: one line, exit
+    status 1. An unknown run is one line and exit status 2.
+    """
+    from .logs import run as run_logs
+
+    try:
+        run_logs(run, follow_, run_dir)
+    except FlowerError as exc:
+        _fail(exc)
+
+
+@main.command(
+    "model-server",
+    # flower.testing.SCRIPT_FORMAT, every paragraph marked \b so Click prints it as written
+    # (its module has no imports: --help stays cheap).
+    epilog="\n\n".join(
+        "\b\n" + paragraph
+        for paragraph in __import__(
+            "flower.testing._format", fromlist=["SCRIPT_FORMAT"]
+        ).SCRIPT_FORMAT.split("\n\n")
+    ),
+)
 @click.option(
     "--script",
     "script_path",
     required=True,
     type=click.Path(dir_okay=False, exists=True),
-    help="JSON script of turns",
+    help="JSON script of turns (the format is below)",
 )
 @click.option(
     "--port", type=int, default=0, show_default=True, help="port on 127.0.0.1 (0 = any free port)"
@@ -255,7 +310,12 @@ def cancel(run: str, run_dir: Path) -> None:
     help="append every request as a JSON line here",
 )
 def model_server(script_path: str, port: int, log_path: str | None) -> None:
-    """Serve the Anthropic Messages API on loopback from a script (for tests and demos)."""
+    """Serve the Anthropic Messages API on loopback from a script (for tests and demos).
+
+    Prints its URL once listening and serves until SIGTERM or Ctrl-C. Point the CLI at it
+    with ANTHROPIC_BASE_URL=<url>, any ANTHROPIC_API_KEY, a fresh HOME and CLAUDE_CONFIG_DIR
+    and CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 (flower.testing.cli_env builds it all).
+    """
     from flower.testing.model_server import main as serve
 
     argv = ["--script", script_path, "--port", str(port)]

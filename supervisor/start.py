@@ -184,7 +184,8 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
-        term.err(t("start.stopped", step=stopped, why=_why_stopped(ctx, stopped)))
+        term.stop_reason = _why_stopped(ctx, stopped)
+        term.err(t("start.stopped", step=stopped, why=term.stop_reason))
         term.say(t("start.again"))
         term.closing(rt)
         return 1

@@ -27,14 +27,77 @@ from flower.core.registry import (
     FlowerRecord,
     Registry,
 )
+from flower.i18n import define, t
 from flower.stores import SESSIONS_DB
 from flower.stores.dbfile import damage as db_damage
 from flower.stores.dbfile import has_transcript
+
+from .eventlog import events_path
 
 LAST_ROWS = 10
 RESUMABLE = "interrupted-resumable"
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.
 ASIDE = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-shm)?$")
+
+# States (running, finished, interrupted-resumable …) are printed as they are: they are the
+# values of --json's "state", and what a person greps for.
+define(
+    {
+        "status.run_dir": ("运行目录  {path}", "run_dir    {path}"),
+        "status.workspace": ("工作区    {path}", "workspace  {path}"),
+        "status.woke": ("唤醒      {n}", "woke       {n}"),
+        "status.step": ("步骤      {name} -> {sid}", "step       {name} -> {sid}"),
+        "status.flowers": ("flower ({n})", "flowers ({n})"),
+        "status.no_flowers": ("flower    还没有", "flowers    none yet"),
+        "status.live": ("在跑", "live"),
+        "status.dead": ("已停", "dead"),
+        "status.detail": (
+            "      步骤 {step}  会话 {session}  第 {attempt} 次尝试  第 {woke} 次唤醒"
+            "  已用 {elapsed}",
+            "      step {step}  session {session}  attempt {attempt}  woke {woke}"
+            "  elapsed {elapsed}",
+        ),
+        "status.resume": (
+            "      接着做: cd {cwd} && {command}",
+            "      resume: cd {cwd} && {command}",
+        ),
+        "status.commands": ("      命令: {commands}", "      commands: {commands}"),
+        "status.rows": ("最近 {n} 行 manifest", "last {n} manifest rows"),
+        "status.row": (
+            "  {mark} {step}  {took:.1f}s  ${cost:.4f}  尝试 {attempts}  会话 {session}"
+            "  run {run}{error}",
+            "  {mark} {step}  {took:.1f}s  ${cost:.4f}  attempts {attempts}  session {session}"
+            "  run {run}{error}",
+        ),
+        "status.damaged": ("! {file} {problem}:{consequence}", "! {file} {problem}: {consequence}"),
+        "status.gone_fresh": (
+            "下次启动时这些步骤从头开始",
+            "the next start begins those steps fresh",
+        ),
+        "status.set_aside_fresh": (
+            "下次启动会把它挪到一边,另起一个新的",
+            "the next start sets it aside and starts a fresh one",
+        ),
+        "status.set_aside": (
+            "已挪到一边 ({n} 个,留给你查看;flower 从不删除它们)",
+            "set aside ({n}, kept for you to look at; flower never deletes them)",
+        ),
+        "status.unfinished": (
+            "有没做完的:运行已停 flower 下面列出的命令就能接着做",
+            "unfinished: run the command shown under a dead flower to carry it on",
+        ),
+        "status.is_file": ("{path} 是文件,不是运行目录", "{path} is a file, not a run directory"),
+        "status.is_file.hint": (
+            "用 -r 指定 flower 运行时用的目录(默认 ./runs)",
+            "pass -r with the directory flower ran in (default ./runs)",
+        ),
+        "status.no_dir": ("{path} 没有运行目录", "no run directory at {path}"),
+        "status.no_dir.hint": (
+            "在启动 flower 的目录里运行,或用 -r DIR 指定",
+            "run from the directory you started flower in, or pass -r DIR",
+        ),
+    }
+)
 
 
 @dataclass
@@ -43,6 +106,7 @@ class FlowerView:
     alive: bool
     state: str
     resume_command: list[str] | None = None
+    commands: list[str] = field(default_factory=list)  # show / logs / cancel that apply
 
     @property
     def unfinished_dead(self) -> bool:
@@ -63,6 +127,7 @@ class FlowerView:
             "woke": r.woke,
             "elapsed_s": round(_elapsed(r, self.alive), 1),
             "resume": shlex.join(self.resume_command) if self.resume_command else None,
+            "commands": self.commands,
         }
 
 
@@ -97,19 +162,13 @@ class Report:
 def collect(run_dir: Path) -> Report:
     run_dir = run_dir.expanduser().absolute()
     if run_dir.exists() and not run_dir.is_dir():
-        raise FlowerError(
-            f"{run_dir} is a file, not a run directory",
-            hint="pass -r with the directory flower ran in (default ./runs)",
-        )
+        raise FlowerError(t("status.is_file", path=run_dir), hint=t("status.is_file.hint"))
     if not run_dir.is_dir():
-        raise FlowerError(
-            f"no run directory at {run_dir}",
-            hint="run from the directory you started flower in, or pass -r DIR",
-        )
+        raise FlowerError(t("status.no_dir", path=run_dir), hint=t("status.no_dir.hint"))
     state = peek(run_dir)
     registry = Registry(run_dir)
     records = registry.records()
-    views = [_view(r, records) for r in records]
+    views = [_view(r, records, run_dir) for r in records]
     problems = _damaged(run_dir, registry, dict(state.get("steps") or {}))
     rows = (
         []
@@ -164,13 +223,34 @@ def _set_aside(run_dir: Path, registry: Registry) -> list[str]:
     return out
 
 
-def _view(r: FlowerRecord, everyone: list[FlowerRecord]) -> FlowerView:
+def _view(r: FlowerRecord, everyone: list[FlowerRecord], run_dir: Path) -> FlowerView:
     alive = r.alive
-    state = _state(r, alive)
+    state = state_of(r, alive)
     command = None
     if not alive and state in (RESUMABLE, KILLED, FAILED) and not _superseded(r, everyone):
         command = r.command or None
-    return FlowerView(r, alive, state, command)
+    return FlowerView(r, alive, state, command, commands(r, state == RUNNING, run_dir))
+
+
+def commands(r: FlowerRecord, live: bool, run_dir: Path) -> list[str]:
+    """The inspection commands that apply to run ``r``: ``show`` once it has a conversation,
+    ``logs -f`` and ``cancel`` while it is live, ``logs`` after it when it left an event
+    log (a run of an older flower has none). ``-r`` only when RUN_DIR is not ./runs here."""
+    where = [] if run_dir == (Path.cwd() / "runs").absolute() else ["-r", str(run_dir)]
+    out = []
+    if r.session_id or r.completed:
+        out.append(["show", r.run])
+    if live:
+        out += [["logs", "-f", r.run], ["cancel", r.run]]
+    elif events_path(run_dir, r.run).exists():
+        out.append(["logs", r.run])
+    return [shlex.join(["flower-super", *c, *where]) for c in out]
+
+
+def state_of(r: FlowerRecord, alive: bool | None = None) -> str:
+    """What status calls the state of ``r``: its record's, except that a run whose process
+    is gone while it was running (or that was interrupted) is ``interrupted-resumable``."""
+    return _state(r, r.alive if alive is None else alive)
 
 
 def _state(r: FlowerRecord, alive: bool) -> str:
@@ -205,64 +285,75 @@ def _elapsed(r: FlowerRecord, alive: bool) -> float:
 
 def render_text(rep: Report) -> str:
     lines = [
-        f"run_dir    {rep.run_dir}",
-        f"workspace  {rep.workspace or '-'}",
-        f"woke       {rep.woke}",
+        t("status.run_dir", path=rep.run_dir),
+        t("status.workspace", path=rep.workspace or "-"),
+        t("status.woke", n=rep.woke),
     ]
     for name, sid in rep.steps.items():
-        lines.append(f"step       {name} -> {sid}")
+        lines.append(t("status.step", name=name, sid=sid))
     lines.append("")
-    lines.append(f"flowers ({len(rep.flowers)})" if rep.flowers else "flowers    none yet")
+    lines.append(t("status.flowers", n=len(rep.flowers)) if rep.flowers else t("status.no_flowers"))
     for f in rep.flowers:
         lines.extend(_flower_lines(f))
     if rep.rows:
         lines.append("")
-        lines.append(f"last {len(rep.rows)} manifest rows")
+        lines.append(t("status.rows", n=len(rep.rows)))
         lines.extend(_row_line(row) for row in rep.rows)
     if rep.damaged:
         lines.append("")
-        lines.extend(f"! {d['file']} {d['problem']}: {_consequence(d)}" for d in rep.damaged)
+        lines.extend(
+            t("status.damaged", file=d["file"], problem=d["problem"], consequence=_consequence(d))
+            for d in rep.damaged
+        )
     if rep.set_aside:
         lines.append("")
-        lines.append(
-            f"set aside ({len(rep.set_aside)}, kept for you to look at; flower never deletes them)"
-        )
+        lines.append(t("status.set_aside", n=len(rep.set_aside)))
         lines.extend(f"  {path}" for path in rep.set_aside)
     if rep.dead_unfinished:
         lines.append("")
-        lines.append("unfinished: run the command shown under a dead flower to carry it on")
+        lines.append(t("status.unfinished"))
     return "\n".join(lines)
 
 
 def _flower_lines(f: FlowerView) -> list[str]:
     r = f.record
-    live = "live" if f.alive else "dead"
+    live = t("status.live") if f.alive else t("status.dead")
     head = f"  {r.run}  {r.flow}  pid {r.pid} {live}  {f.state}"
-    detail = (
-        f"      step {r.step or '-'}  session {r.session_id or '-'}  attempt {r.attempt}"
-        f"  woke {r.woke}  elapsed {_dur(_elapsed(r, f.alive))}"
+    detail = t(
+        "status.detail",
+        step=r.step or "-",
+        session=r.session_id or "-",
+        attempt=r.attempt,
+        woke=r.woke,
+        elapsed=_dur(_elapsed(r, f.alive)),
     )
     out = [head, detail]
+    if f.commands:
+        out.append(t("status.commands", commands="  ·  ".join(f.commands)))
     if f.resume_command:
         out.append(
-            f"      resume: cd {shlex.quote(r.cwd or '.')} && {shlex.join(f.resume_command)}"
+            t("status.resume", cwd=shlex.quote(r.cwd or "."), command=shlex.join(f.resume_command))
         )
     return out
 
 
 def _consequence(d: dict[str, str]) -> str:
     if "does not have" in d["problem"]:
-        return "the next start begins those steps fresh"
-    return "the next start sets it aside and starts a fresh one"
+        return t("status.gone_fresh")
+    return t("status.set_aside_fresh")
 
 
 def _row_line(row: dict[str, Any]) -> str:
-    mark = "✓" if row.get("ok") else "✗"
-    err = f"  {row.get('error')}" if row.get("error") else ""
-    took, cost = float(row.get("duration_s") or 0), float(row.get("cost_usd") or 0)
-    return (
-        f"  {mark} {row.get('step')}  {took:.1f}s  ${cost:.4f}  attempts {row.get('attempts')}"
-        f"  session {row.get('session_id') or '-'}  run {row.get('run')}{err}"
+    return t(
+        "status.row",
+        mark="✓" if row.get("ok") else "✗",
+        step=row.get("step"),
+        took=float(row.get("duration_s") or 0),
+        cost=float(row.get("cost_usd") or 0),
+        attempts=row.get("attempts"),
+        session=row.get("session_id") or "-",
+        run=row.get("run"),
+        error=f"  {row.get('error')}" if row.get("error") else "",
     )
 
 

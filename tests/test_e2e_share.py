@@ -11,6 +11,12 @@ from .e2e import Flower, kill
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # several real CLI runs side by side
 
 
+@pytest.fixture(autouse=True)
+def _english(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read flower-super status's English lines."""
+    monkeypatch.setenv("FLOWER_LANG", "en")
+
+
 def marked(*names: str, **extra) -> dict:
     return {
         "conversations": [

@@ -30,6 +30,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -387,15 +388,44 @@ def read_manifest(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / MANIFEST_NAME
     if not path.exists():
         return []
-    try:
-        with _lock_for(Path(run_dir)):
-            data = _read_bytes(path)
-    except OSError:
-        data = _read_bytes(path)
+    data = _read_shared(Path(run_dir), path)
     entries, verdict = decode(data)
     if verdict == "corrupt":
         log.warning("manifest %s is not a JSON array of rows; reading it as empty", path)
     return [row for _, row in entries]
+
+
+def _read_shared(run_dir: Path, path: Path) -> bytes:
+    """``path``'s bytes under a shared ``flock`` of the writers' lock file: the lock
+    filelock's writers take exclusively on POSIX, without importing filelock (~15 ms that
+    ``flower-super status`` would pay). Unlockable (read-only run_dir, no flock): read as is."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the writers' own lock
+        try:
+            with _lock_for(run_dir):
+                return _read_bytes(path)
+        except OSError:
+            return _read_bytes(path)
+    try:
+        fd = os.open(run_dir / f"{MANIFEST_NAME}.lock", os.O_RDWR | os.O_CREAT, FILE_MODE)
+    except OSError:
+        return _read_bytes(path)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return _read_bytes(path)  # a writer stuck: a torn tail is decoded anyway
+                time.sleep(LOCK_POLL_S)
+            except OSError:
+                return _read_bytes(path)
+        return _read_bytes(path)
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _read_bytes(path: Path) -> bytes:
