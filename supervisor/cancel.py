@@ -17,7 +17,51 @@ from pathlib import Path
 
 from flower import FlowerError
 from flower.core.registry import FlowerRecord, Registry, is_alive
+from flower.i18n import define, t
 
+define(
+    {
+        "cancel.unknown": (
+            "{run_dir} 里没有叫 {run!r} 的运行",
+            "no flower run {run!r} in {run_dir}",
+        ),
+        "cancel.unknown.hint": (
+            "flower-super status -r 运行目录 会列出那里的运行",
+            "flower-super status -r RUN_DIR lists the runs there",
+        ),
+        "cancel.ambiguous": (
+            "{run!r} 对得上 {n} 个运行({names})",
+            "{run!r} names {n} runs ({names})",
+        ),
+        "cancel.ambiguous.hint": ("多给几位", "give more of it"),
+        "cancel.not_running": (
+            "运行 {run} 没在跑(它是 {state}),没什么可停的",
+            "run {run} is not running (it is {state}); nothing to cancel",
+        ),
+        "cancel.not_running.hint": (
+            "在它的工作区里再跑一次就接着做",
+            "flower-super start in its workspace carries it on",
+        ),
+        "cancel.ended": ("运行 {run} 刚刚结束了", "run {run} ended just now"),
+        "cancel.ended.hint": ("没什么可停的", "nothing to cancel"),
+        "cancel.not_allowed": (
+            "无权给 pid {pid}(运行 {run})发信号",
+            "not allowed to signal pid {pid} (run {run})",
+        ),
+        "cancel.not_allowed.hint": (
+            "用启动它的那个用户来停",
+            "cancel it as the user who started it",
+        ),
+        "cancel.still_there": (
+            "flower-super:已给 pid {pid}(运行 {run})发了 SIGTERM,它还在",
+            "flower-super: sent SIGTERM to pid {pid} (run {run}); it is still there",
+        ),
+        "cancel.stopped": (
+            "已停下运行 {run}(pid {pid});接着做:{resume}",
+            "stopped run {run} (pid {pid}); to carry it on: {resume}",
+        ),
+    }
+)
 STOP_WAIT_S = 30.0  # the handler writes one row and stops the children: well under a second
 
 
@@ -34,12 +78,14 @@ def find_run(run_dir: Path, run: str) -> FlowerRecord:
     matches = exact or [r for r in records if r.run.startswith(run)]
     if not matches:
         raise FlowerError(
-            f"no flower run {run!r} in {run_dir}",
-            hint="flower-super status -r RUN_DIR lists the runs there",
+            t("cancel.unknown", run=run, run_dir=run_dir), hint=t("cancel.unknown.hint")
         )
     if len(matches) > 1:
         names = ", ".join(r.run for r in matches[:4])
-        raise FlowerError(f"{run!r} names {len(matches)} runs ({names})", hint="give more of it")
+        raise FlowerError(
+            t("cancel.ambiguous", run=run, n=len(matches), names=names),
+            hint=t("cancel.ambiguous.hint"),
+        )
     return matches[0]
 
 
@@ -48,17 +94,17 @@ def cancel(run_dir: Path, run: str, *, wait_s: float = STOP_WAIT_S) -> Cancelled
     record = find_run(run_dir, run)
     if record.state != "running" or not record.alive:
         raise FlowerError(
-            f"run {record.run} is not running (it is {record.state}); nothing to cancel",
-            hint="flower-super start in its workspace carries it on",
+            t("cancel.not_running", run=record.run, state=record.state),
+            hint=t("cancel.not_running.hint"),
         )
     try:
         os.kill(record.pid, signal.SIGTERM)
     except ProcessLookupError:
-        raise FlowerError(f"run {record.run} ended just now", hint="nothing to cancel") from None
+        raise FlowerError(t("cancel.ended", run=record.run), hint=t("cancel.ended.hint")) from None
     except PermissionError:
         raise FlowerError(
-            f"not allowed to signal pid {record.pid} (run {record.run})",
-            hint="cancel it as the user who started it",
+            t("cancel.not_allowed", pid=record.pid, run=record.run),
+            hint=t("cancel.not_allowed.hint"),
         ) from None
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -12,6 +12,24 @@ from pathlib import Path
 import click
 
 from flower import FlowerError, __version__
+from flower.i18n import define, t
+
+define(
+    {
+        "cli.hint": ("  提示:{hint}", "  hint: {hint}"),
+        "cli.run_dir_file": ("运行目录 {path} 是个文件", "run directory {path} is a file"),
+        "cli.run_dir_under_file": (
+            "运行目录 {path} 在文件 {level} 底下",
+            "run directory {path} lies under {level}, which is a file",
+        ),
+        "cli.run_dir.hint": (
+            "-r 给一个目录(没有会建),例如 -r runs",
+            "pass -r with a directory (it is created if missing), e.g. -r runs",
+        ),
+        "cli.not_dir": ("工作区 {ws} 不是目录", "workspace {ws} is not a directory"),
+        "cli.not_dir.hint": ("先建好它,或者用 -w 指定目录", "create it first or pass -w DIR"),
+    }
+)
 
 RUN_DIR_HELP = (
     "run directory holding lineage.json, manifest.json, sessions.db"
@@ -139,9 +157,7 @@ def start(
     ws = (workspace or Path.cwd()).expanduser()
     try:
         if not ws.is_dir():
-            raise FlowerError(
-                f"workspace {ws} is not a directory", hint="create it first or pass -w DIR"
-            )
+            raise FlowerError(t("cli.not_dir", ws=ws), hint=t("cli.not_dir.hint"))
         check_run_dir(run_dir)
         if flow_ref:
             wf = load_flow(flow_ref, ask)
@@ -228,12 +244,10 @@ def cancel(run: str, run_dir: Path) -> None:
         _fail(exc)
     rec = done.record
     if not done.stopped:
-        click.echo(
-            f"flower-super: sent SIGTERM to pid {rec.pid} (run {rec.run}); it is still there"
-        )
+        click.echo(t("cancel.still_there", pid=rec.pid, run=rec.run))
         sys.exit(1)
     resume = " ".join(rec.command) if rec.command else "flower-super start"
-    click.echo(f"stopped run {rec.run} (pid {rec.pid}); to carry it on: {resume}")
+    click.echo(t("cancel.stopped", run=rec.run, pid=rec.pid, resume=resume))
 
 
 @main.command()
@@ -343,11 +357,11 @@ def check_run_dir(run_dir: Path) -> None:
         if level.is_dir():
             return
         if level.exists():
-            what = "is a file" if level == path else f"lies under {level}, which is a file"
-            raise FlowerError(
-                f"run directory {path} {what}",
-                hint="pass -r with a directory (it is created if missing), e.g. -r runs",
-            )
+            if level == path:
+                message = t("cli.run_dir_file", path=path)
+            else:
+                message = t("cli.run_dir_under_file", path=path, level=level)
+            raise FlowerError(message, hint=t("cli.run_dir.hint"))
 
 
 def _fail(exc: FlowerError, *, as_json: bool = False) -> None:
@@ -358,5 +372,5 @@ def _fail(exc: FlowerError, *, as_json: bool = False) -> None:
         sys.exit(2)
     click.echo(f"flower-super: {exc.message}", err=True)
     if exc.hint:
-        click.echo(f"  hint: {exc.hint}", err=True)
+        click.echo(t("cli.hint", hint=exc.hint), err=True)
     sys.exit(2)

@@ -21,8 +21,47 @@ from typing import Any
 import psutil
 
 from flower import FlowerError
+from flower.i18n import define, t
+
+from .demo_flow import RESEARCH, WRAP, WRITE
 
 STEP_TIMEOUT = 60.0
+
+
+define(
+    {
+        "demo.where": (
+            "临时工作区 {ws},脚本化的模型服务器 {url}(不联网、不要 key)",
+            "a temporary workspace {ws}, a scripted model server {url} (no network, no key)",
+        ),
+        "demo.first": ("第一次跑:{steps}", "first run: {steps}"),
+        "demo.kill": (
+            "kill -9 {pid}(supervisor,正在等模型回话;它的子进程:{n} 个)",
+            "kill -9 {pid} (the supervisor, waiting for the model; its children: {n})",
+        ),
+        "demo.left": (
+            "   5 秒内还活着的 flower 进程:{n} 个",
+            "   flower processes still alive after 5 s: {n}",
+        ),
+        "demo.again": ("再跑一次同一条命令:", "the same command again:"),
+        "demo.server_saw": ("模型服务器看到的:", "what the model server saw:"),
+        "demo.reused": (
+            "   第二次跑,调研 发给模型的请求:{n} 个(上次做完了,输入没变,复用)",
+            "   second run, requests of research: {n} (finished last time, same input: reused)",
+        ),
+        "demo.sessions": (
+            "   写稿 前后两次跑的请求共用 {n} 条会话:{ids}",
+            "   draft's requests of both runs share {n} session(s): {ids}",
+        ),
+        "demo.carried": (
+            "   第二次跑 写稿 的第一个请求带着之前的 {n} 次工具调用和它的结果,模型接着说",
+            "   the second run's first request of draft carries the {n} earlier tool call(s) "
+            "and their results; the model carries on",
+        ),
+        "demo.status": ("flower-super status:", "flower-super status:"),
+        "demo.kept": ("留着:{root}", "kept: {root}"),
+    }
+)
 
 
 def demo_script(ws: Path) -> dict[str, Any]:
@@ -96,9 +135,9 @@ def run_demo(*, keep: bool = False) -> int:
     ]
     say = _Narrator()
     try:
-        say.title(f"临时工作区 {ws},脚本化的模型服务器 {server.url}(不联网、不要 key)")
+        say.title(t("demo.where", ws=ws, url=server.url))
         killed_at = _first_run(cmd, env, root, server, say)
-        say.title("再跑一次同一条命令:")
+        say.title(t("demo.again"))
         code = _stream(
             subprocess.Popen(
                 cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -108,7 +147,7 @@ def run_demo(*, keep: bool = False) -> int:
         if code != 0:
             raise FlowerError(f"the resumed run exited with {code}", hint=f"see {runs}/logs")
         _show_resume_facts(server, say, killed_at)
-        say.title("flower-super status:")
+        say.title(t("demo.status"))
         out = subprocess.run(
             [sys.executable, "-m", "supervisor", "status", "-r", str(runs)],
             env=env,
@@ -121,7 +160,7 @@ def run_demo(*, keep: bool = False) -> int:
     finally:
         server.stop()
         if keep:
-            say.title(f"留着:{root}")
+            say.title(t("demo.kept", root=root))
         else:
             import shutil
 
@@ -130,7 +169,7 @@ def run_demo(*, keep: bool = False) -> int:
 
 def _first_run(cmd: list[str], env: dict[str, str], root: Path, server: Any, say: _Narrator) -> int:
     """Run until 写稿 waits on the model, SIGKILL the supervisor; return the last request seq."""
-    say.title("第一次跑:调研 → 写稿 → 收尾")
+    say.title(t("demo.first", steps=" → ".join([RESEARCH, WRITE, WRAP])))
     proc = subprocess.Popen(
         cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -148,14 +187,14 @@ def _first_run(cmd: list[str], env: dict[str, str], root: Path, server: Any, say
             "the demo flow never reached the step it kills",
             hint="run with --keep and read runs/logs",
         ) from None
-    _wait_persisted(root / "runs", "写稿")
+    _wait_persisted(root / "runs", WRITE)
     family = _family(proc.pid)
-    say.title(f"kill -9 {proc.pid}(supervisor,正在等模型回话;它的子进程:{len(family)} 个)")
+    say.title(t("demo.kill", pid=proc.pid, n=len(family)))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     pump.join(5)
     left = _wait_gone(family, 5.0)
-    say.line(f"   5 秒内还活着的 flower 进程:{len(left)} 个" + ("" if not left else f" {left}"))
+    say.line(t("demo.left", n=len(left)) + ("" if not left else f" {left}"))
     return max((r.seq for r in server.requests), default=0)
 
 
@@ -166,19 +205,16 @@ def _show_resume_facts(server: Any, say: _Narrator, killed_at: int) -> None:
     write = [r for r in reqs if r.conversation == "write"]
     sessions = sorted({r.session_id or "?" for r in write})
     resumed = next((r for r in after if r.conversation == "write"), None)
-    say.title("模型服务器看到的:")
-    say.line(f"   第二次跑,调研 发给模型的请求:{len(research_again)} 个(上次做完了,输入没变,复用)")
-    say.line(f"   写稿 前后两次跑的请求共用 {len(sessions)} 条会话:{', '.join(sessions)}")
+    say.title(t("demo.server_saw"))
+    say.line(t("demo.reused", n=len(research_again)))
+    say.line(t("demo.sessions", n=len(sessions), ids=", ".join(sessions)))
     if resumed is not None:
         kinds = [
             b.get("type")
             for m in resumed.messages
             for b in (m.get("content") if isinstance(m.get("content"), list) else [])
         ]
-        say.line(
-            f"   第二次跑 写稿 的第一个请求带着之前的 {kinds.count('tool_use')} 次工具调用"
-            "和它的结果,模型接着说"
-        )
+        say.line(t("demo.carried", n=kinds.count("tool_use")))
 
 
 def _wait_persisted(runs: Path, step: str, timeout: float = 10.0) -> None:

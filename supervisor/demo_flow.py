@@ -1,9 +1,23 @@
-"""The flow ``flower-super demo`` runs: three small steps, continuous, against a scripted model."""
+"""The flow ``flower-super demo`` runs: three small steps, continuous, against a scripted model.
+
+The step names are in the person's language (they show on every line of the demo); the
+prompts are the model's and stay as they are.
+"""
 
 from __future__ import annotations
 
 from flower.core.agent import AgentSpec
+from flower.i18n import define, t
 from flower.workflow import Step, Workflow
+
+define(
+    {
+        "demo.step.research": ("调研", "research"),
+        "demo.step.write": ("写稿", "draft"),
+        "demo.step.wrap": ("收尾", "wrap-up"),
+    }
+)
+RESEARCH, WRITE, WRAP = t("demo.step.research"), t("demo.step.write"), t("demo.step.wrap")
 
 hands = AgentSpec(
     name="demo-worker",
@@ -14,13 +28,13 @@ hands = AgentSpec(
 
 flow = Workflow(
     [
-        Step("调研", hands, "[[demo:research]] 看看工作区里有什么,记一笔。"),
+        Step(RESEARCH, hands, "[[demo:research]] 看看工作区里有什么,记一笔。"),
         Step(
-            "写稿",
+            WRITE,
             hands,
-            lambda ctx: f"[[demo:write]] 根据调研写一份草稿 draft.md。调研结论:{ctx['调研']}",
+            lambda ctx: f"[[demo:write]] 根据调研写一份草稿 draft.md。调研结论:{ctx[RESEARCH]}",
         ),
-        Step("收尾", hands, lambda ctx: f"[[demo:wrap]] 检查产出,一句话总结。草稿:{ctx['写稿']}"),
+        Step(WRAP, hands, lambda ctx: f"[[demo:wrap]] 检查产出,一句话总结。草稿:{ctx[WRITE]}"),
     ],
     name="demo",
 )

@@ -194,7 +194,7 @@ define(
             '--new 是重开一件事,要说是什么事,例如 flower --new "另一件事"',
             '--new starts something else: say what, e.g. flower --new "something else"',
         ),
-        "cli.hint": ("  提示:{hint}", "  hint: {hint}"),
+        "cli.hint": ("  提示:{hint}", "  hint: {hint}"),  # as supervisor/cli.py has it
         "cli.interrupted": ("已退出", "exited"),
         "cli.once.done": (
             "{mark} ad-hoc  用时 {elapsed} · 花费 ${cost:.4f} · 会话 {session}",

@@ -65,6 +65,24 @@ define(
         ),
         "flow.not_flow.hint": ("指向一个 flower.Workflow", "point it at a flower.Workflow"),
         "flow.check_module": ("看看这个流程模块", "check the flow module"),
+        "flow.ask.hint": (
+            '例如:flower "写个 md 转 html 的脚本"',
+            'for example: flower "write a script that turns markdown into html"',
+        ),
+        "flow.new_needs_ask": (
+            "--new 是重开一件事,要说是什么事",
+            "--new starts a new thing and needs a sentence saying what",
+        ),
+        "flow.new_needs_ask.hint": ('flower --new "另一件事"', 'flower --new "something else"'),
+        "flow.new_busy": (
+            "运行目录 {run_dir} 正被 flower pid {pid} 用着;--new 会把它的 lineage.json 挪走",
+            "run_dir {run_dir} is in use by flower pid {pid}; --new would move its "
+            "lineage.json away",
+        ),
+        "flow.new_busy.hint": (
+            "等它跑完或先停下它,或者换一个运行目录(-r)",
+            "wait for it to finish or stop it, or use another --run-dir (-r)",
+        ),
     }
 )
 
@@ -104,17 +122,12 @@ def starter(
             max_asks=max_asks,
         )
     except ValueError as exc:
-        raise ConfigError(
-            str(exc), hint='for example: flower-super start "写个 md 转 html 的脚本"'
-        ) from None
+        raise ConfigError(str(exc), hint=t("flow.ask.hint")) from None
 
 
 def _check_before_archiving(ask: str, workspace: Path, run_dir: Path) -> None:
     if not ask.strip():
-        raise ConfigError(
-            "--new starts a new thing and needs a sentence saying what",
-            hint='flower-super start --new "另一件事"',
-        )
+        raise ConfigError(t("flow.new_needs_ask"), hint=t("flow.new_needs_ask.hint"))
     load_dotenv(workspace, Path.cwd())
     check_credentials()
     refuse_new_while_live(run_dir)
@@ -126,9 +139,7 @@ def refuse_new_while_live(run_dir: Path) -> None:
         live = Registry(run_dir).live()
         if live:
             raise RunDirBusy(
-                f"run_dir {run_dir} is in use by flower pid {live[0].pid}; --new would move "
-                "its lineage.json away",
-                hint="wait for it to finish or stop it, or use another --run-dir (-r)",
+                t("flow.new_busy", run_dir=run_dir, pid=live[0].pid), hint=t("flow.new_busy.hint")
             )
 
 

@@ -176,6 +176,11 @@ def kilo(n: int) -> str:
     return f"{n / 1000:.1f}K" if n >= 1000 else str(n)
 
 
+def kilo_window(n: int) -> str:
+    """A window size as the reference writes it: ``1000K``, ``200K``."""
+    return f"{n // 1000}K" if n >= 1000 and n % 1000 == 0 else kilo(n)
+
+
 def clock(seconds: float) -> str:
     """``m:ss`` (``h:mm:ss`` past an hour)."""
     s = max(0, int(seconds))
@@ -433,10 +438,13 @@ class Terminal:
         phase = p.get("phase")
         window = int(p.get("window") or self._step.get("window") or 0)
         if phase == "near":
-            self.say(t("term.handoff.near", used=kilo(int(p.get("used", 0))), window=kilo(window)))
+            used = kilo(int(p.get("used", 0)))
+            self.say(t("term.handoff.near", used=used, window=kilo_window(window)))
         elif phase == "writing":
             self._handoff_used = int(p.get("used") or self._step.get("context") or 0)
-            self.say(t("term.handoff.writing", used=kilo(self._handoff_used), window=kilo(window)))
+            self.say(
+                t("term.handoff.writing", used=kilo(self._handoff_used), window=kilo_window(window))
+            )
         elif phase == "done":
             summary = p.get("summary") or {}
             for key in ("doing", "decided", "deadends", "next"):

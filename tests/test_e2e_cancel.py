@@ -15,6 +15,12 @@ from .test_e2e_kill import FLOW, HOLD, bash, script, waiting_on
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # two flower runs of real CLI turns
 
 
+@pytest.fixture(autouse=True)
+def _english(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read cancel's English lines."""
+    monkeypatch.setenv("FLOWER_LANG", "en")
+
+
 def cancel(f: Flower, run: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         f.argv("cancel", run, "-r", str(f.runs)),

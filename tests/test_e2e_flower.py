@@ -141,7 +141,7 @@ class Pty:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args],
             cwd=f.ws,
-            env={**f.env, "COLUMNS": "100"},
+            env={**f.env, "COLUMNS": "100", "FLOWER_STATUS_EVERY": "2"},
             stdin=slave,
             stdout=slave,
             stderr=slave,
@@ -232,6 +232,10 @@ def test_talking_to_a_running_flower_through_a_pty(model_server, flower_env):
     finally:
         term.close()
     assert screen.count("# 旁路") == 2 and "没有打扰正在跑的运行" in screen
+    # While the worker waited: a status line now and then (FLOWER_STATUS_EVERY=2 here).
+    assert re.search(
+        r"- 干活 · \d+ 轮 · 工具 \d+ 次 · 上下文 \S+ · 累计 \$[0-9.]+ · 用时 0:0\d", screen
+    )
 
     # The option the person chose reached the clarifier as the answer.
     clar = asked(server, "clarify")
@@ -339,3 +343,28 @@ def test_flower_setup_on_a_terminal_writes_the_file_0600_and_starts_no_run(
     # One request, the probe's; no model turn of any run.
     sent = [r for r in server.requests if r.path == "/v1/messages"]
     assert [r.messages for r in sent] == [[{"role": "user", "content": "hi"}]]
+
+
+def test_once_shows_its_real_time_and_cost_and_resumes(model_server, flower_env):
+    import time
+
+    spec = {"conversations": [conv("once", ["一眼看完了。", "又看了一眼。"], marker="[[once]]")]}
+    server = model_server({**spec, "default": ["ok"]})
+    f: Flower = flower_env(server)
+    began = time.monotonic()
+    code, out, err = flower(f, "once", "[[once]] 读一眼这个仓库")
+    took = time.monotonic() - began
+    assert code == 0, out + err
+    m = re.search(r"\+ ad-hoc  用时 (\d+):(\d\d) · 花费 \$([0-9.]+) · 会话 (\S+)", out)
+    assert m, out
+    (row,) = f.manifest()
+    assert row["step"] == "ad-hoc" and row["ok"]
+    assert float(m.group(3)) == pytest.approx(row["cost_usd"], abs=1e-4)
+    assert m.group(4) == row["session_id"]
+    assert 0 <= took - (int(m.group(1)) * 60 + int(m.group(2))) < 3  # not the original's 0:00
+    assert f"总花费 ${row['cost_usd']:.4f} · 清单 {f.runs / 'manifest.json'}" in out
+    # --resume carries that session on.
+    code, out, err = flower(f, "once", "[[once]] 再看一眼", "--resume", row["session_id"])
+    assert code == 0, out + err
+    assert sessions_of(server, "once") == [row["session_id"]]
+    f.assert_no_survivors()

@@ -146,3 +146,62 @@ def test_a_question_from_the_channel_is_answered_with_the_chosen_option():
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_the_handoff_block_is_the_references():
+    out = lines(
+        Event("window", payload={"window": 1_000_000}),
+        Event("handoff", payload={"phase": "writing", "used": 950_000}),
+        Event(
+            "handoff",
+            payload={
+                "phase": "done",
+                "degraded": True,
+                "path": "/p/.flower/notes/交接-干活.md",
+                "summary": {"doing": "写解析器", "decided": "只用标准库", "next": "补测试"},
+            },
+        ),
+    )
+    assert out == [
+        "# 上下文 950.0K/1000K —— 写交接准备换代",
+        "  - 现在在做    写解析器",
+        "  - 已定的事    只用标准库",
+        "  - 走不通的    —",
+        "  - 下一步      补测试",
+        "交接没写成,用了降级版本 —— 接手的人会自己去现场看",
+        "<- 交接写在 /p/.flower/notes/交接-干活.md",
+        "<- 新会话接手,上下文从 950.0K 重新开始",
+    ]
+
+
+def test_the_status_line_counts_turns_tools_context_and_cost():
+    class Rt:
+        def total_cost(self) -> float:
+            return 0.25
+
+    out = io.StringIO()
+    term = Terminal(out)
+    term.rt = Rt()
+
+    async def main() -> str:
+        term.status_every = 0  # no periodic task in this test: the line is asked for
+        term.on_event(Event("step", "干活", payload={"index": 2, "total": 3}))
+        for _ in range(3):
+            term.on_event(Event("context", payload={"used": 71_400, "step": "干活"}))
+        term.on_event(Event("tool_call", "ls", tool="Bash"))
+        term.on_event(Event("tool_call", "x", tool="Bash", payload={"subagent": True}))
+        return term.status_line()
+
+    line = asyncio.run(main())
+    assert line == "- 干活 · 3 轮 · 工具 1 次 · 上下文 71.4K · 累计 $0.2500 · 用时 0:00"
+
+
+def test_a_model_text_is_wrapped_to_the_width_and_keeps_no_escape():
+    term_out = io.StringIO()
+    term = Terminal(term_out)
+    term.cols = 40
+    term.on_event(Event("text", "甲" * 30 + " \x1b[2Jend\x1b]0;x\x07\x1b[31mred"))
+    got = term_out.getvalue()
+    assert "\x1b" not in got and "\x07" not in got
+    assert all(len(x) <= 40 for x in got.splitlines())  # CJK is two columns: <= 19 of them
+    assert got.splitlines() == ["  " + "甲" * 19, "  " + "甲" * 11 + " endred"]
