@@ -77,7 +77,8 @@ class Flower:
         self.tag = uuid.uuid4().hex
         self.env = cli_env(root / "home", server.url, max_retries=max_retries)
         self.env.update({TAG: self.tag, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
-        self.env.setdefault("FLOWER_LANG", "zh")  # the seeds' texts, which the tests check
+        # The language the test asked for (conftest: the seeds' Chinese, unless a module says en).
+        self.env["FLOWER_LANG"] = os.environ.get("FLOWER_LANG", "zh")
         self.env.update(extra_env or {})
         self.procs: list[subprocess.Popen[bytes]] = []
 
