@@ -195,7 +195,7 @@ define(
             '--new starts something else: say what, e.g. flower --new "something else"',
         ),
         "cli.hint": ("  提示:{hint}", "  hint: {hint}"),  # as supervisor/cli.py has it
-        "cli.interrupted": ("已退出", "exited"),
+        "cli.no_cmd": ("缺了子命令或诉求", "a subcommand or a request is missing"),
         "cli.once.done": (
             "{mark} ad-hoc  用时 {elapsed} · 花费 ${cost:.4f} · 会话 {session}",
             "{mark} ad-hoc  took {elapsed} · cost ${cost:.4f} · session {session}",
@@ -314,6 +314,8 @@ def with_default_cmd(argv: list[str], parser: argparse.ArgumentParser) -> list[s
         if tok in bare:
             i += 1
         elif tok in valued:
+            if i + 1 >= len(argv):
+                return argv  # its value is missing: argparse says so (exit 2)
             i += 2
         elif tok.startswith("--") and tok.partition("=")[0] in valued:
             i += 1
@@ -331,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(with_default_cmd(args_in, parser))
+    if args.cmd is None:
+        parser.error(t("cli.no_cmd"))
     try:
         if args.cmd == "setup":
             from .setup import setup_main
@@ -344,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     except Stop as stop:
         _err(stop.message, stop.hint)
         return stop.code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before a run started (a run handles its own Ctrl-C)
         _err(t("cli.cancelled"))
-        return 130
+        return 1
     except Exception as exc:
         from flower import FlowerError
 
@@ -410,11 +414,27 @@ def _input_line(prompt: str) -> str | None:
         return None
 
 
+def _first_piped_line() -> str:
+    """The first line of a piped stdin, read byte by byte: the lines after it stay in the
+    pipe for the run's own reader (answers to questions, more to add)."""
+    import os
+
+    raw = bytearray()
+    try:
+        while True:
+            b = os.read(0, 1)
+            if not b or b == b"\n":
+                break
+            raw += b
+    except OSError:
+        pass
+    return raw.decode("utf-8", "replace").strip()
+
+
 def _read_ask(waking: bool) -> str:
     """The startup prompt. Ctrl-C / Ctrl-D: 已取消 (exit 1)."""
     if not sys.stdin.isatty():
-        line = _input_line("")  # piped: no header, just the line
-        return (line or "").strip()
+        return _first_piped_line()  # piped: no header, just the line
     _say(t("cli.prompt.wake" if waking else "cli.prompt.first"))
     try:
         line = input("> ")
@@ -499,7 +519,7 @@ def _after_stop(code: int, term: Any) -> int:
 
     if not looks_like_credentials_error(why):
         return code
-    _say(t("setup.crash.looks_like_auth", detail=why[:120]))
+    term.say(t("setup.crash.looks_like_auth", detail=why[:120]))
     if configure(t("setup.reason.again"), read_line=_input_line, say=_say):
         _say(t("setup.crash.configured"))
     return 1
@@ -522,7 +542,7 @@ def _go_command(args: argparse.Namespace, ws: Path, run_dir: Path) -> list[str]:
         cmd += ["--rounds", str(args.rounds)]
     if args.timeout != 1800.0:
         cmd += ["--timeout", f"{args.timeout:g}"]
-    for flag in ("no_goal", "judge_can_run", "isolate", "no_handoff", "no_trim"):
+    for flag in ("no_goal", "judge_can_run", "isolate", "no_handoff", "no_trim", "clarify_only"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))
     if args.asks >= 0:
@@ -554,7 +574,17 @@ def _run(args: argparse.Namespace) -> int:
         run_dir=run_dir,
         new=False,
         trim=bool(args.trim),
-        command=["flower", "-w", str(ws), "-r", str(run_dir), "run", args.target],
+        command=[
+            "flower",
+            "-w",
+            str(ws),
+            "-r",
+            str(run_dir),
+            *(["-W"] if args.workbench else []),
+            *(["-T"] if args.trim else []),
+            "run",
+            args.target,
+        ],
         archive=False,
         workbench=workbench,
     )
@@ -589,10 +619,13 @@ def _once(args: argparse.Namespace) -> int:
         result = asyncio.run(
             rt.run(spec, args.prompt, resume=args.resume, fork=args.fork, on_event=term.on_event)
         )
+    except KeyboardInterrupt:  # once has no interrupt-and-say: Ctrl-C ends it
+        term.err(t("cli.cancelled"))
+        return 130
     finally:
         rt.close()
     if not result.ok:
-        term.say(t("cli.once.failed", error=result.error or "?"))
+        term.err(t("cli.once.failed", error=result.error or "?"))
     term.say(
         t(
             "cli.once.done",

@@ -26,7 +26,7 @@ from flower.workflow.starter import starter_flow
 define(
     {
         "flow.colon": (
-            "需要 模块:属性 形式,例如 flows:main(给的是 {ref!r})",
+            "需要 模块:属性 形式,例如 flows:main",
             "{ref!r} is not FILE.py:ATTR or MODULE:ATTR",
         ),
         "flow.colon.hint": (
@@ -44,7 +44,7 @@ define(
         "flow.attr": ("'{module}' 里没有 '{attr}'", "{module} has no attribute {attr!r}"),
         "flow.attr.hint": ("那里定义的 Workflow:{names}", "Workflows defined there: {names}"),
         "flow.no_module": (
-            "导入 '{module}' 失败:没有叫 {name!r} 的模块",
+            "导入 '{module}' 失败:No module named {name!r}",
             "no module named {name!r}",
         ),
         "flow.no_module.hint": (

@@ -423,8 +423,9 @@ def ensure_credentials(
 def setup_main(*, read_line: ReadLine | None = None, say: Say | None = None) -> int:
     """``flower setup``: configure (again), probe once and report; no run starts.
 
-    0 when the configuration was saved (whatever the probe said: it is reported), 1 when
-    the person cancelled.
+    0 when the configuration was saved and works (or the network could not tell), 1 when
+    the person cancelled or the probe rejected what was saved (it stays saved, and is
+    reported: ``flower setup && flower "…"`` does not go on with credentials that fail).
     """
     read_line = read_line or _read_line
     say = say or _say
@@ -440,4 +441,5 @@ def setup_main(*, read_line: ReadLine | None = None, say: Say | None = None) -> 
         say(t("setup.net_saved", detail=detail[:80]))
     else:
         say(t("setup.rejected" if verdict == "auth" else "setup.bad_config", detail=detail))
+        return 1
     return 0

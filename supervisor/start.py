@@ -249,7 +249,8 @@ class SignalDesk:
             loop.add_signal_handler(sig, self.on_fatal, sig)
 
     def on_sigint(self) -> None:
-        if self.interrupting or self.rt.in_flight is None:
+        # Twice, with nothing in flight, or with nobody left to type a sentence: exit.
+        if self.interrupting or self.rt.in_flight is None or self.term.closed:
             self.exit_now()  # does not return
             return
         self.interrupting = True
@@ -271,7 +272,9 @@ class SignalDesk:
     def exit_now(self) -> None:
         """Ctrl-C twice: stop the children, close the stores, leave. No manifest row."""
         self.placement.stop_now()
-        self.rt.note(state=INTERRUPTED, ended_at=time.time(), exit_code=130)
+        record = self.rt.record
+        if record is None or record.state == "running":  # a finished run stays finished
+            self.rt.note(state=INTERRUPTED, ended_at=time.time(), exit_code=130)
         self.rt.close()
         self.term.say("\n" + t("start.exited"))
         _flush()

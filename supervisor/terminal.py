@@ -276,7 +276,8 @@ class Terminal:
         self.oracle: Any = None  # supervisor.oracle.Oracle: where ``?`` lines go
         self.rt: Any = None  # the Runtime, for the cost so far
         self.cols = line_width()
-        self.interactive = _isatty(self.out) and _isatty_fd(stdin_fd)
+        self.stdin_tty = _isatty_fd(stdin_fd)
+        self.interactive = _isatty(self.out) and self.stdin_tty
         self.colour = _isatty(self.out) and not os.environ.get("NO_COLOR")
         self.status_every = _float_env("FLOWER_STATUS_EVERY", STATUS_EVERY_S)
         self._reused: set[str] = set()
@@ -337,12 +338,15 @@ class Terminal:
         if self._eof:
             return ""
         if self._waiters:
-            return self._waiters[0][1]
-        if self._questions:
-            return t("term.prompt.answer")
-        if self._listening:
-            return t("term.prompt.idle")
-        return ""
+            text = self._waiters[0][1]
+        elif self._questions:
+            text = t("term.prompt.answer")
+        elif self._listening:
+            text = t("term.prompt.idle")
+        else:
+            return ""
+        # Redrawn with a carriage return, so it must fit on one row.
+        return text if width(text) < self.cols else "> "
 
     def closing(self, rt: Any) -> None:
         """The last line: what this process spent, and where the manifest is."""
@@ -489,6 +493,10 @@ class Terminal:
         if state == "asked":
             options = [str(o) for o in p.get("options") or []]
             self._show_question(ev.text, options, int(p.get("remaining", -1)))
+            if self._eof:  # nobody can type any more: it decides itself, now
+                self._handed.add(qid)
+                self._channel_settle(qid)(None)
+                return
             self._questions[qid] = _Question(qid, options, self._channel_settle(qid))
             self._want_input()
             return
@@ -623,9 +631,18 @@ class Terminal:
     # -- reading --------------------------------------------------------------------------
 
     def listen(self) -> None:
-        """From now on read the person all the time (the run has started)."""
+        """From now on read the person all the time (the run has started): a person at a
+        terminal only. A piped stdin is a script's: its lines wait for the prompts that
+        ask (answers to questions, the sentence after a Ctrl-C), in order."""
+        if not self.stdin_tty:
+            return
         self._listening = True
         self._want_input()
+
+    @property
+    def closed(self) -> bool:
+        """stdin is at its end: nobody can type anything any more."""
+        return self._eof
 
     async def read_line(self, prompt: str) -> str | None:
         """One line typed by the person; None when stdin is closed or not readable.
@@ -694,7 +711,7 @@ class Terminal:
             self._on_eof()
             return
         self._buf.extend(data)
-        if self._shown:
+        if self._shown and b"\n" in data:
             self._shown = ""  # the person's Enter moved the cursor below the prompt
         self._drain_buffer()
         self._redraw()
@@ -731,7 +748,7 @@ class Terminal:
         ch.send(line)
 
     def _to_oracle(self, question: str) -> None:
-        if self.oracle is None or not question:
+        if self.oracle is None:
             self.say(t("term.no_oracle"))
             return
         self.oracle.ask(question)

@@ -147,9 +147,11 @@ def test_crossing_the_threshold_hands_off_to_a_new_session(model_server, flower_
     )
     assert f.lineage()["steps"]["full"] == new
     # near / writing / done travelled child -> supervisor -> terminal.
-    assert f"上下文 {used / 1000:.1f}K / 200.0K,快满了" in out, out
-    assert "正在写交接书" in out, out
-    assert f"交接书已写好:{path}" in out, out
+    # The reference's handoff block: the size against the window, the four sections, where.
+    assert f"# 上下文 {used / 1000:.1f}K/200K,快满了" in out, out
+    assert "—— 写交接准备换代" in out, out
+    assert "  - 现在在做    " in out and "  - 下一步      " in out, out
+    assert f"<- 交接写在 {path}" in out and "<- 新会话接手,上下文从 " in out, out
     assert_no_rejections(server)
     assert_no_cli_compaction(server)
     f.assert_no_survivors()
@@ -245,7 +247,7 @@ def test_prompt_too_long_hands_off_with_the_degraded_document(model_server, flow
     first = next(r for r in server.requests if r.session_id == new)
     saved.path = None
     assert saved.prompt_block() in user_texts(first)
-    assert "降级交接书已写好" in out, out
+    assert "交接没写成,用了降级版本 —— 接手的人会自己去现场看" in out, out
     assert_no_rejections(server)
     f.assert_no_survivors()
 

@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
         (["go", "setup"], ["go", "setup"]),
         (["--help"], ["--help"]),
         (["做 X", "-h"], ["做 X", "-h"]),
+        (["-w"], ["-w"]),  # the value is missing: argparse says so
+        (["-r", "runs"], ["-r", "runs", "go"]),
     ],
 )
 def test_the_default_subcommand_rewrite_is_the_references(typed, parsed):
@@ -121,6 +123,8 @@ def test_run_target_mistakes_are_the_references_lines_exit_1(tmp_path, target, m
     done = flower("run", target, cwd=tmp_path, env_extra={"PYTHONPATH": f"{REPO}:{tmp_path}"})
     assert done.returncode == 1, done
     first = done.stderr.splitlines()[0]
+    if target in ("flows", "tests.flows.basic:nope"):  # the reference's line exactly
+        assert first == message.format(cwd=tmp_path), done.stderr
     assert first.startswith(message.format(cwd=tmp_path)), done.stderr
     assert "Traceback" not in done.stderr
 
@@ -146,10 +150,19 @@ def test_no_credentials_and_no_terminal_is_the_four_line_message(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_missing_flag_value_is_a_usage_error_not_a_traceback(tmp_path):
+    for args in (["-w"], ["-r"], ["go", "--timeout"]):
+        done = flower(*args, cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+
+
 def test_help_is_english_under_flower_lang_en(tmp_path):
     done = flower("--help", cwd=tmp_path, env_extra={"FLOWER_LANG": "en"})
     assert done.returncode == 0
     assert "Without a subcommand it is `go`" in done.stdout
     assert not any("\u4e00" <= c <= "\u9fff" for c in done.stdout), done.stdout
+    for sub in ("run", "once", "setup"):
+        done = flower(sub, "--help", cwd=tmp_path, env_extra={"FLOWER_LANG": "en"})
+        assert done.returncode == 0 and not any("\u4e00" <= c <= "\u9fff" for c in done.stdout)
     zh = flower("--help", cwd=tmp_path, env_extra={"FLOWER_LANG": "zh"})
     assert "不写子命令时就是 go" in zh.stdout

@@ -367,7 +367,9 @@ def test_setup_main(gateway: Callable[..., Gateway], machine: Home) -> None:  # 
     assert first.lines[1] == "还没配过凭证。"
     assert first.lines[-2:] == ["- 验一下凭证…", "+ 凭证能用。"]
     again = Screen("bad", g.url, "")
-    assert setup_main(read_line=again.read_line, say=again.say) == 0
+    assert (
+        setup_main(read_line=again.read_line, say=again.say) == 1
+    )  # saved, but rejected: not a success
     assert again.lines[1] == "重新配置。"
     assert again.lines[-1] == "! 凭证被拒:HTTP 401 no"
     cancelled = Screen("")

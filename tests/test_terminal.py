@@ -9,7 +9,7 @@ import os
 import pytest
 
 from flower import Event, HumanChannel
-from supervisor.terminal import Terminal, rule
+from supervisor.terminal import Terminal, rule, width
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -203,5 +203,39 @@ def test_a_model_text_is_wrapped_to_the_width_and_keeps_no_escape():
     term.on_event(Event("text", "甲" * 30 + " \x1b[2Jend\x1b]0;x\x07\x1b[31mred"))
     got = term_out.getvalue()
     assert "\x1b" not in got and "\x07" not in got
-    assert all(len(x) <= 40 for x in got.splitlines())  # CJK is two columns: <= 19 of them
+    assert all(width(x) <= 40 for x in got.splitlines())  # CJK is two columns: <= 19 of them
     assert got.splitlines() == ["  " + "甲" * 19, "  " + "甲" * 11 + " endred"]
+
+
+def test_a_bare_question_mark_goes_to_the_oracle_which_answers_with_a_hint():
+    asked: list[str] = []
+
+    class Oracle:
+        def ask(self, question: str) -> None:
+            asked.append(question)
+
+    term = Terminal(io.StringIO())
+    term.oracle = Oracle()
+    for line in ("？", "? 现在到哪了", "  ？ 用了哪些文件", "?"):
+        term._dispatch(line)
+    assert asked == ["", "现在到哪了", "用了哪些文件", ""]
+
+
+def test_after_the_end_of_input_a_new_question_is_skipped_at_once():
+    read, write = os.pipe()
+    term = Terminal(io.StringIO(), stdin_fd=read)
+    ch = HumanChannel(timeout_s=30)
+    term.channel = ch
+    ch.on_event = term.on_event
+
+    async def main() -> str:
+        os.close(write)
+        first = await term.read_line("> ")  # reads the end of input
+        assert first is None and term.closed
+        asked = await asyncio.wait_for(ch.ask("还要吗?", ["要", "不要"]), 5)
+        return asked.state
+
+    try:
+        assert asyncio.run(main()) == "declined"
+    finally:
+        os.close(read)

@@ -1,0 +1,147 @@
+"""Run the test suite as a few pytest processes side by side (stdlib only).
+
+Most of the end-to-end tests wait: on a model server's scripted delay, on a backoff, on a
+CLI starting up. Run one after another they take most of the suite's time with the CPU idle,
+so the unit tests go as one job and every end-to-end file as a job of its own, the longest
+first, ``FLOWER_TEST_WORKERS`` (default: the CPU count, at most 4) at a time. Each job gets
+its own ``--basetemp`` and ``TMPDIR``, so tests that look at the temporary directory (the
+SDK's ``claude-resume-*`` copies) see only their own.
+
+Every job's output is printed whole when it fails; the last line sums the jobs up. Exit
+status: 0 when every job passed, else 1.
+
+    python scripts/run_tests.py              # the whole suite
+    FLOWER_TEST_WORKERS=1 python scripts/run_tests.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+# Roughly how long each slow file takes alone (seconds, measured on the 2-core CI machine):
+# only the order matters, longest first, so a long file never starts last.
+WEIGHT = {
+    "test_e2e_attempts.py": 240,
+    "test_e2e_resilience.py": 150,
+    "test_e2e_kill.py": 120,
+    "test_e2e_starter.py": 110,
+    "test_e2e_flower.py": 90,
+    "test_e2e_handoff.py": 80,
+    "test_e2e_prepare.py": 70,
+    "test_e2e_ctrlc.py": 60,
+    "test_e2e_share.py": 50,
+    "test_e2e_roles.py": 50,
+    "test_e2e_ledger.py": 45,
+    "test_e2e_damaged.py": 40,
+    "test_e2e_cli.py": 30,
+}
+DEFAULT_E2E_WEIGHT = 20
+SUMMARY = re.compile(r"=+ (.*(passed|failed|error|skipped).*) in [0-9.]+s")
+
+
+@dataclass
+class Job:
+    name: str
+    files: list[str]
+    weight: int
+    code: int | None = None
+    seconds: float = 0.0
+    output: str = ""
+    summary: str = ""
+    tmp: Path = field(default_factory=Path)
+
+
+def jobs() -> list[Job]:
+    files = sorted(p.name for p in TESTS.glob("test_*.py"))
+    slow = [f for f in files if f.startswith("test_e2e_") or f in WEIGHT]
+    unit = [f for f in files if f not in slow]
+    out = [Job(f, [f], WEIGHT.get(f, DEFAULT_E2E_WEIGHT)) for f in slow]
+    out.append(Job("unit tests", unit, 100))
+    return sorted(out, key=lambda j: -j.weight)
+
+
+def run(job: Job, base: Path) -> None:
+    job.tmp = base / re.sub(r"\W+", "-", job.name)
+    (job.tmp / "tmp").mkdir(parents=True)
+    env = {**os.environ, "TMPDIR": str(job.tmp / "tmp")}
+    began = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={job.tmp / 'pytest'}",
+            *[str(TESTS / f) for f in job.files],
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    job.seconds = time.monotonic() - began
+    job.code = done.returncode
+    job.output = done.stdout.decode("utf-8", "replace")
+    found = SUMMARY.findall(job.output)
+    job.summary = found[-1][0] if found else f"exit status {job.code}"
+
+
+def main() -> int:
+    workers = int(os.environ.get("FLOWER_TEST_WORKERS") or min(4, os.cpu_count() or 1))
+    todo = jobs()
+    queue = list(todo)
+    lock = threading.Lock()
+    base = Path(tempfile.mkdtemp(prefix="flower-tests-"))
+    began = time.monotonic()
+    print(f"{len(todo)} jobs, {workers} at a time (temporary files under {base})", flush=True)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                job = queue.pop(0)
+            run(job, base)
+            with lock:
+                mark = "ok  " if job.code == 0 else "FAIL"
+                print(f"{mark} {job.name:<28} {job.seconds:6.1f}s  {job.summary}", flush=True)
+                if job.code != 0:
+                    print(job.output, flush=True)
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    failed = [j for j in todo if j.code != 0]
+    total = time.monotonic() - began
+    counts: dict[str, int] = {}
+    for j in todo:
+        for n, what in re.findall(r"(\d+) (passed|failed|errors?|skipped)", j.summary):
+            counts[what] = counts.get(what, 0) + int(n)
+    tally = ", ".join(f"{n} {what}" for what, n in counts.items())
+    print(f"== {tally} in {total:.0f}s wall, {sum(j.seconds for j in todo):.0f}s of jobs")
+    if failed:
+        print("== failed: " + ", ".join(j.name for j in failed))
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
