@@ -329,7 +329,7 @@ def test_a_question_asked_in_the_child_is_answered_at_the_supervisors_terminal(
     out, _ = proc.communicate(timeout=120)
     text = out.decode("utf-8", "replace")
     assert proc.returncode == 0, text
-    assert "? 输出放哪个文件?" in text and "1. out.html" in text, text
+    assert "? 输出放哪个文件?" in text and "     1) out.html" in text, text
     (after,) = [r for r in asked(server, "clarify") if r.turn == 1]
     results = results_in(after)
     assert results and "out.html" in json.dumps(results, ensure_ascii=False), results

@@ -112,6 +112,10 @@ def preload() -> list[str]:
 
     import claude_agent_sdk  # noqa: F401 - about a second: paid once, not per child
 
+    import flower
+
+    for public in flower.__all__:  # flower's own names load lazily: all of them, here, once
+        getattr(flower, public)
     missing = []
     for name in ATTEMPT_MODULES:
         try:
