@@ -51,6 +51,11 @@ def test_cancel_stops_a_live_flower_resumably_and_refuses_a_dead_one(model_serve
     rows = f.rows("second")
     assert len(rows) == 1 and rows[0]["error"] == "killed-by-signal", rows
     f.assert_no_survivors(within=5.0)
+    # status now shows it dead and unfinished, with the command that carries it on.
+    code, js = f.status_json()
+    (view,) = [fl for fl in js["flowers"] if fl["run"] == run]
+    assert code == 3 and not view["alive"] and view["state"] == "killed", view
+    assert view["resume"] and "flower-super start" in view["resume"], view
 
     again = cancel(f, run)
     assert again.returncode == 2 and "not running" in again.stderr, again.stderr

@@ -48,6 +48,9 @@ ESCAPE = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)
 def flower(f: Flower, *args: str, stdin: str | None = None, lang: str = "zh", timeout: float = 240):
     """``flower ARGS`` run from the workspace (a fresh directory the first time)."""
     env = {**f.env, "FLOWER_LANG": lang}
+    if lang == "locale":  # no FLOWER_LANG: the locale decides, as for most people
+        env = {k: v for k, v in f.env.items() if k not in ("FLOWER_LANG", "LC_ALL", "LC_MESSAGES")}
+        env["LANG"] = "zh_CN.UTF-8"
     done = subprocess.run(
         [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args],
         cwd=f.ws,
@@ -104,8 +107,9 @@ def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archiv
     assert (notes(f) / "需求.md").is_file()
     f.assert_no_survivors()
 
-    # `flower` again, nothing said: the wake line, the same work session.
-    code, out, err = flower(f, "--timeout", "0")
+    # `flower` again, nothing said, under LANG=zh_CN.UTF-8: the seeds' wake line, the same
+    # work session.
+    code, out, err = flower(f, "--timeout", "0", lang="locale")
     assert code == 0, out + err
     assert "<- 在" in out and "接上上次  需求已确认 · 目标 1 条" in out and "第 2 次唤醒" in out
     assert "总花费 $" in out and "· 清单 " in out
