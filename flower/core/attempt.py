@@ -112,10 +112,11 @@ def preload() -> list[str]:
 
     import claude_agent_sdk  # noqa: F401 - about a second: paid once, not per child
 
-    import flower
-
-    for public in flower.__all__:  # flower's own names load lazily: all of them, here, once
-        getattr(flower, public)
+    # flower's own names load lazily: all of them here, once (by name: the package imports
+    # this module, so a plain import of it would be a cycle).
+    package = importlib.import_module("flower")
+    for public in package.__all__:
+        getattr(package, public)
     missing = []
     for name in ATTEMPT_MODULES:
         try:
