@@ -169,7 +169,7 @@ def run_demo(*, keep: bool = False) -> int:
 
 def _first_run(cmd: list[str], env: dict[str, str], root: Path, server: Any, say: _Narrator) -> int:
     """Run until 写稿 waits on the model, SIGKILL the supervisor; return the last request seq."""
-    say.title(t("demo.first", steps=" → ".join([RESEARCH, WRITE, WRAP])))
+    say.title(t("demo.first", steps=" -> ".join([RESEARCH, WRITE, WRAP])))
     proc = subprocess.Popen(
         cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -261,7 +261,7 @@ def _running(pid: int) -> bool:
 def _stream(proc: subprocess.Popen[bytes], say: _Narrator) -> int:
     assert proc.stdout is not None
     for raw in proc.stdout:
-        say.line("   │ " + raw.decode("utf-8", "replace").rstrip())
+        say.line("   | " + raw.decode("utf-8", "replace").rstrip())
     return proc.wait()
 
 
@@ -270,7 +270,7 @@ class _Narrator:
         self.lock = threading.Lock()
 
     def title(self, text: str) -> None:
-        self.line(f"\n▶ {text}")
+        self.line(f"\n==> {text}")
 
     def line(self, text: str) -> None:
         with self.lock:

@@ -176,7 +176,7 @@ def describe(ev: dict[str, Any]) -> str:
     if kind == "tool_call":
         return f"{ev.get('tool') or '?'}  {text}"
     if kind == "tool_result":
-        return f"✗ {text}" if payload.get("is_error") else text
+        return f"x {text}" if payload.get("is_error") else text
     if kind in PLAIN_KINDS:
         return text
     if kind == "step":

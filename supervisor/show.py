@@ -6,7 +6,7 @@ What is shown (the ``--json`` document holds the same, with full texts):
   session (label, run, ok, turns, cost), plus "running now" when a live flower is in it;
 - the turns in order: prompts and other user text, the model's text (wrapped), each tool
   call on one line (``* Bash  ls -la``: the tool and its most telling argument), each
-  result folded to its first line and a ``(+N lines)`` count (an error marked ``✗``), a
+  result folded to its first line and a ``(+N lines)`` count (an error marked ``x``), a
   thinking block as one line. A call whose result the transcript does not hold yet comes
   with what the tool ledger knows (the CLI writes a turn's result only after it sent the
   next request), or "still running".
@@ -446,7 +446,7 @@ def render_target(target: Target, turns: list[dict[str, Any]], width: int) -> li
         lines.append(
             t(
                 "show.row",
-                mark="✓" if row.get("ok") else "✗",
+                mark="+" if row.get("ok") else "x",
                 step=row.get("step"),
                 run=row.get("run"),
                 turns=row.get("num_turns") or 0,
@@ -514,7 +514,7 @@ def _turn_lines(turn: dict[str, Any], width: int, live: bool) -> list[str]:
 def _folded(turn: dict[str, Any], width: int) -> str:
     text = clean(str(turn.get("text") or "")).strip("\n")
     lines = text.split("\n") if text else [""]
-    mark = "✗" if turn.get("is_error") else "→"
+    mark = "x" if turn.get("is_error") else "->"
     more = f"  {t('show.lines', n=len(lines))}" if len(lines) > 1 else ""
     src = f"  {t('show.ledger')}" if turn.get("from") == "ledger" else ""
     room = max(20, min(RESULT_CHARS, width - 4 - cols(more) - cols(src)))

@@ -346,7 +346,7 @@ def _consequence(d: dict[str, str]) -> str:
 def _row_line(row: dict[str, Any]) -> str:
     return t(
         "status.row",
-        mark="✓" if row.get("ok") else "✗",
+        mark="+" if row.get("ok") else "x",
         step=row.get("step"),
         took=float(row.get("duration_s") or 0),
         cost=float(row.get("cost_usd") or 0),

@@ -121,7 +121,7 @@ def test_show_logs_and_status_commands_of_a_live_then_finished_flower(
 
     first = ok(cli(f, "show", "first"))  # a finished step, read while the flower runs
     assert re.search(r"^model  \* Bash  printf 'l1\\nl2\\nl3\\n'$", first, re.M), first
-    assert re.search(r"^ +→ l1  \(3 lines\)$", first, re.M), first
+    assert re.search(r"^ +-> l1  \(3 lines\)$", first, re.M), first
     assert not re.search(r"^\s*l2$", first, re.M), "the result was not folded"
     doc = json.loads(ok(cli(f, "show", "first", "--json")))
     assert doc["session_id"] == f.lineage()["steps"]["first"] and doc["live"] is None
@@ -161,7 +161,7 @@ def test_show_logs_and_status_commands_of_a_live_then_finished_flower(
     assert re.search(r"  second  text  second done\.$", logs, re.M), logs
     assert not CJK.search(logs), logs
     whole = ok(cli(f, "show", run[:15]))  # a run (by a prefix): its conversations in order
-    assert whole.index("== first") < whole.index("== second") and "→ gate open" in whole, whole
+    assert whole.index("== first") < whole.index("== second") and "-> gate open" in whole, whole
     assert not CJK.search(whole), whole
     status = ok(cli(f, "status"))
     assert f"flower-super logs {run}" in status and "cancel" not in status, status

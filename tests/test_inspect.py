@@ -109,8 +109,8 @@ def test_show_folds_each_tool_call_and_result_to_one_line(en: None) -> None:
     text = rendered("d-bash-and-read.jsonl")
     assert re.search(r"^user   \[\[fx-d\]\] Look around\.$", text, re.M), text
     assert re.search(r"^       \* Bash  seq 1 700$", text, re.M)
-    assert re.search(r"^         → 1  \(700 lines\)$", text, re.M)
-    assert "\n         → notes.txt\n" in text  # a one-line result: no count
+    assert re.search(r"^         -> 1  \(700 lines\)$", text, re.M)
+    assert "\n         -> notes.txt\n" in text  # a one-line result: no count
     assert "\n2\n" not in text and len(text.splitlines()) < 20
 
 
@@ -119,15 +119,15 @@ def test_show_marks_errors_and_puts_parallel_results_under_their_calls(en: None)
     calls = [i for i, line in enumerate(text) if "* Bash" in line]
     assert len(calls) == 5
     for i in calls:
-        assert re.match(r"^ +[→✗] ", text[i + 1]), text  # each result right under its call
-    assert text[text.index("       * Bash  echo pushing") + 1].lstrip().startswith("✗ PreToolUse")
+        assert re.match(r"^ +(->|x) ", text[i + 1]), text  # each result right under its call
+    assert text[text.index("       * Bash  echo pushing") + 1].lstrip().startswith("x PreToolUse")
 
 
 def test_show_api_errors_synthetic_turns_and_images(en: None) -> None:
     assert "model  ! API Error: Connection refused" in rendered("a-refused-then-resumed.jsonl")
     killed = rendered("b-killed-mid-tool-resumed.jsonl")
-    assert "✗ [Tool call interrupted" in killed and "(written by the CLI itself)" in killed
-    assert "→ [image]" in rendered("e-read-png.jsonl")
+    assert "x [Tool call interrupted" in killed and "(written by the CLI itself)" in killed
+    assert "-> [image]" in rendered("e-read-png.jsonl")
 
 
 def test_a_call_without_its_result_yet_takes_the_ledgers_or_is_pending(en: None) -> None:
@@ -136,7 +136,7 @@ def test_a_call_without_its_result_yet_takes_the_ledgers_or_is_pending(en: None)
     ids = [x["id"] for x in turns if x["kind"] == "tool_call"]
     ledger = {ids[0]: {"state": "done", "content": "from the ledger", "is_error": False}}
     text = "\n".join(show.render_turns(show._paired(turns, ledger), 100, live=True))
-    assert "→ from the ledger  (result from the tool ledger)" in text
+    assert "-> from the ledger  (result from the tool ledger)" in text
     assert text.count("… still running") == len(ids) - 1
     done = "\n".join(show.render_turns(show._paired(turns, {}), 100, live=False))
     assert "still running" not in done and "? no result" in done
@@ -244,13 +244,13 @@ def test_show_reads_sessions_db_read_only(run_dir: Path, en: None) -> None:
     db = run_dir / "sessions.db"
     before = db.stat().st_mtime_ns
     text = show.render(run_dir, show.resolve(run_dir, "first"), 100)
-    assert text.startswith("== first  · session s-first\n   ✓ first  run 20260101-000000-aaaaaa")
+    assert text.startswith("== first  · session s-first\n   + first  run 20260101-000000-aaaaaa")
     assert "* Bash  seq 1 700" in text and db.stat().st_mtime_ns == before
     doc = show.document(run_dir, show.resolve(run_dir, "first"))
     assert json.loads(json.dumps(doc))["turns"][0]["kind"] == "prompt"
     live = show.render(run_dir, show.resolve(run_dir, "work"), 100)
     assert "running now: run 20260102-000000-bbbbbb" in live
-    assert "→ stdout of the first call  (result from the tool ledger)" in live
+    assert "-> stdout of the first call  (result from the tool ledger)" in live
     assert live.count("… still running") == 4, live
 
 
