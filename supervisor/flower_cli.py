@@ -123,12 +123,12 @@ define(
         "cli.help.new": (
             "不接着上次:把上一段的 lineage.json、需求.md、目标.md 移进 "
             "notes/archive/<时间>/ 再重开",
-            "do not carry on: move the last thread's lineage.json, 需求.md and 目标.md into "
-            "notes/archive/<time>/ and start afresh",
+            "do not carry on: move the last thread's lineage.json and its frozen brief and "
+            "goal into notes/archive/<time>/ and start afresh",
         ),
         "cli.help.clarify_only": (
             "只确认需求,不干活",
-            "only clarify the request (the 确认需求 step), no work",
+            "only clarify the request (the first step), no work",
         ),
         "cli.help.no_trim": (
             "续跑时不裁剪旧的大工具结果(go 默认裁剪)",
@@ -195,6 +195,12 @@ define(
             '--new starts something else: say what, e.g. flower --new "something else"',
         ),
         "cli.hint": ("  提示:{hint}", "  hint: {hint}"),  # as supervisor/cli.py has it
+        "cli.usage": ("用法:", "usage: "),
+        "cli.positionals": ("参数", "positional arguments"),
+        "cli.optionals": ("选项", "options"),
+        "cli.commands": ("子命令", "subcommands"),
+        "cli.help.help": ("显示这段帮助然后退出", "show this help and exit"),
+        "cli.usage_error": ("{prog}:参数不对:{message}", "{prog}: error: {message}"),
         "cli.no_cmd": ("缺了子命令或诉求", "a subcommand or a request is missing"),
         "cli.once.done": (
             "{mark} ad-hoc  用时 {elapsed} · 花费 ${cost:.4f} · 会话 {session}",
@@ -234,22 +240,45 @@ def _globals(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     p.add_argument("-T", "--trim", action="store_true", default=d(False), help=t("cli.help.trim"))
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help, with its own words ("usage:") in the person's language."""
+
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, actions, groups, prefix if prefix is not None else t("cli.usage"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose section titles, -h and error line speak the catalogue."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        kwargs["add_help"] = False
+        super().__init__(*args, **kwargs)
+        self._positionals.title = t("cli.positionals")
+        self._optionals.title = t("cli.optionals")
+        self.add_argument(
+            "-h", "--help", action="help", default=argparse.SUPPRESS, help=t("cli.help.help")
+        )
+
+    def error(self, message: str) -> Any:  # argparse's own message stays as it words it
+        self.print_usage(sys.stderr)
+        self.exit(2, t("cli.usage_error", prog=self.prog, message=message) + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser, its help in the person's language (built per call: the catalogue picks
     the language when it is asked)."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    main = argparse.ArgumentParser(
-        prog="flower", description=t("cli.description"), epilog=t("cli.epilog"), formatter_class=fmt
-    )
+    main = _Parser(prog="flower", description=t("cli.description"), epilog=t("cli.epilog"))
     _globals(main, suppress=False)
-    sub = main.add_subparsers(dest="cmd", metavar="{go,run,once,setup}")
+    sub = main.add_subparsers(
+        dest="cmd", metavar="{go,run,once,setup}", parser_class=_Parser, title=t("cli.commands")
+    )
 
     go = sub.add_parser(
         "go",
         help=t("cli.help.go"),
         description=t("cli.help.go"),
         epilog=t("cli.help.go_epilog"),
-        formatter_class=fmt,
     )
     _globals(go, suppress=True)
     go.add_argument("ask", nargs="?", default=None, help=t("cli.help.ask"))

@@ -45,6 +45,7 @@ from flower.core.call import StepCall
 from flower.core.placement import Seat, Watch
 from flower.core.proctree import PROCS, ProcessTree, describe_status
 from flower.core.result import Event, StepResult
+from flower.i18n import define, t
 from ipc import (
     Answer,
     Ask,
@@ -64,6 +65,15 @@ from ipc import (
 from stepproc import ChildSetup, child_main
 
 log = logging.getLogger("flower.supervisor")
+
+define(
+    {
+        "placement.ask_failed": (
+            "步骤的问题没能转给人:{error}",
+            "could not put a step's question to the person: {error}",
+        ),
+    }
+)
 
 #: How a dead child's attempt is described (the terminal recognises it).
 DIED = "died without a result"
@@ -383,7 +393,7 @@ class Forked:
                 else:
                     text = await self.ask(question) if self.ask else None
             except Exception as exc:  # noqa: BLE001 - the child waits for an answer: always one
-                log.warning("could not put a step's question to the person: %s", exc)
+                log.warning("%s", t("placement.ask_failed", error=exc))
                 text = None
             state = "answered" if text is not None else "closed"
             child.send(Answer(id=question.id, state=state, text=text))

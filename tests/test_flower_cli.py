@@ -161,8 +161,10 @@ def test_help_is_english_under_flower_lang_en(tmp_path):
     assert done.returncode == 0
     assert "Without a subcommand it is `go`" in done.stdout
     assert not any("\u4e00" <= c <= "\u9fff" for c in done.stdout), done.stdout
-    for sub in ("run", "once", "setup"):
+    for sub in ("go", "run", "once", "setup"):
         done = flower(sub, "--help", cwd=tmp_path, env_extra={"FLOWER_LANG": "en"})
         assert done.returncode == 0 and not any("\u4e00" <= c <= "\u9fff" for c in done.stdout)
     zh = flower("--help", cwd=tmp_path, env_extra={"FLOWER_LANG": "zh"})
-    assert "不写子命令时就是 go" in zh.stdout
+    assert "不写子命令时就是 go" in zh.stdout and zh.stdout.startswith("用法:flower ")
+    wrong = flower("once", cwd=tmp_path, env_extra={"FLOWER_LANG": "zh"})
+    assert wrong.returncode == 2 and "flower once:参数不对:" in wrong.stderr

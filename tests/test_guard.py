@@ -259,8 +259,9 @@ def test_main_only_leaves_subagent_results_alone(wb: Workbench) -> None:
 
 
 def test_a_failed_spill_keeps_the_result_whole(
-    wb: Workbench, caplog: pytest.LogCaptureFixture
+    wb: Workbench, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
     wb.root.mkdir()
     (wb.root / "spill").write_text("not a directory")
     with caplog.at_level(logging.WARNING, logger="flower"):

@@ -277,8 +277,9 @@ def test_a_failed_call_is_recorded_as_an_error_and_an_interrupted_one_is_not_use
 
 
 def test_a_ledger_that_cannot_be_written_warns_once_and_never_raises(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
     store = _store(tmp_path)
     store.ledger.store = None  # type: ignore[assignment]  # every write now fails
     post = store.ledger.hooks()["PostToolUse"][0].hooks[0]

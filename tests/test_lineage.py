@@ -181,8 +181,10 @@ def test_session_gone_from_the_store_is_dropped(ws: Path, runs: Path) -> None:
 
 
 def test_a_store_that_raises_is_not_session_gone(
-    ws: Path, runs: Path, caplog: pytest.LogCaptureFixture
+    ws: Path, runs: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
+
     # Issue 7: a store that cannot answer is not a session that is gone. The entry is kept
     # (the resume will say what is wrong if the store really is broken) and one line says so.
     def broken(sid: str) -> bool:
@@ -196,9 +198,14 @@ def test_a_store_that_raises_is_not_session_gone(
 
 
 def test_every_fresh_start_says_why_in_one_line(
-    ws: Path, runs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ws: Path,
+    runs: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Falling back quietly still happens, but never silently: one warning per case."""
+    monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
     runs.mkdir()
     (runs / LINEAGE_NAME).write_bytes(b"{not json")
     with caplog.at_level(logging.WARNING, logger="flower"):

@@ -223,7 +223,10 @@ def test_corrupt_file_is_set_aside_intact_and_a_fresh_one_started(
     assert "\n" not in warning[0]
 
 
-def test_torn_last_append_reads_as_the_whole_rows_and_is_repaired(runs: Path, caplog) -> None:
+def test_torn_last_append_reads_as_the_whole_rows_and_is_repaired(
+    runs: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
     old = old_history(runs, 3)
     whole = (runs / MANIFEST_NAME).read_bytes()
     late = json.dumps({"step": "late", "run": "dead", "text": "x" * 50}).encode()

@@ -158,8 +158,9 @@ def test_refresh_lists_everything_and_returns_the_file(ws: Path) -> None:
 
 
 def test_refresh_on_an_unwritable_index_warns_and_returns_the_text(
-    ws: Path, caplog: pytest.LogCaptureFixture
+    ws: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
     wb = Workbench(ws).ensure()
     (wb.notes / "n.md").write_text("# 一个决定\n")
     wb.index_path.mkdir()

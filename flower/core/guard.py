@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..i18n import define, t
 from ..util.ephemeral import is_ephemeral
 from ..util.fsutil import atomic_write_text, private_dir
 from .workbench import Workbench
@@ -49,6 +50,23 @@ __all__ = [
 ]
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "guard.spill_failed": (
+            "工具结果没能另存到 {path}({error}),原样保留",
+            "tool result not spilled to {path} ({error}); kept whole",
+        ),
+        "guard.index_stale": (
+            "工作台索引没刷新:{error}",
+            "workbench index not refreshed: {error}",
+        ),
+        "guard.on_inject_failed": (
+            "{role} 的 on_inject 出错:{error}",
+            "on_inject failed for {role}: {error}",
+        ),
+    }
+)
 
 #: The tools that change the workspace or run things: what a coordinator delegates.
 HANDS_ON = "Bash|Write|Edit|NotebookEdit"
@@ -215,7 +233,7 @@ def spill_guard(
         try:
             await asyncio.to_thread(_write_spills, spill_dir, files)
         except OSError as exc:
-            log.warning("tool result not spilled to %s (%s); kept whole", spill_dir, exc)
+            log.warning("%s", t("guard.spill_failed", path=spill_dir, error=exc))
             return {}
         return {
             "hookSpecificOutput": {"hookEventName": "PostToolUse", "updatedToolOutput": updated}
@@ -273,7 +291,7 @@ def index_guard(workbench: Workbench) -> HookMatcher:
             try:
                 await asyncio.to_thread(workbench.refresh)
             except Exception as exc:  # noqa: BLE001 - a side effect must not fail the tool call
-                log.warning("workbench index not refreshed: %s", exc)
+                log.warning("%s", t("guard.index_stale", error=exc))
         return {}
 
     return _matcher("Write|Edit", index)
@@ -336,7 +354,7 @@ def _agent_hook(agents: dict[str, AgentDefinition], on_inject: Any) -> Hook:
                 try:
                     on_inject(role, args.get("description"))
                 except Exception as exc:  # noqa: BLE001 - an observer must not cost the worktree
-                    log.warning("on_inject failed for %s: %s", role, exc)
+                    log.warning("%s", t("guard.on_inject_failed", role=role, error=exc))
         if not edits:
             return {}
         return {

@@ -69,11 +69,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..i18n import define, t
 from ..util.fsutil import open_private, private_dir
 from ..util.loops import call_on
 from .result import Event
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "human.call_failed": (
+            "问人的通道 {key}:{op} 调用失败({error!r})",
+            "human channel {key}: the {op} call failed ({error!r})",
+        ),
+        "human.amend_unwritten": (
+            "追加不到 {path}:{error}",
+            "could not append to {path}: {error}",
+        ),
+        "human.log_unwritten": (
+            "问答记录 {path} 追加不进去:{error}",
+            "could not append to the Q&A log {path}: {error}",
+        ),
+    }
+)
 
 SERVER = "human"
 TOOL = "ask"
@@ -304,7 +322,7 @@ class HumanChannel:
                 return str(await relay(self, op, args))
             return await self.serve(op, args)
         except Exception as exc:  # noqa: BLE001 - a tool call must never fail the model's turn
-            log.warning("human channel %s: the %s call failed (%r)", self.key, op, exc)
+            log.warning("%s", t("human.call_failed", key=self.key, op=op, error=exc))
             return self.timeout_text if op == "ask" else NO_MAIL
 
     async def serve(self, op: str, args: dict[str, Any]) -> str:
@@ -474,7 +492,7 @@ class HumanChannel:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 _append(path, f"\n## {label}({stamp})\n{text}\n", AMEND_HEADER)
             except (OSError, ValueError) as exc:  # ValueError: a file that is not UTF-8
-                log.warning("could not append to %s: %s", path, exc)
+                log.warning("%s", t("human.amend_unwritten", path=path, error=exc))
                 return ""
         return str(path)
 
@@ -525,7 +543,7 @@ class HumanChannel:
             try:
                 _append(self.log_path, entry, LOG_HEADER)
             except OSError as exc:
-                log.warning("could not append to the Q&A log %s: %s", self.log_path, exc)
+                log.warning("%s", t("human.log_unwritten", path=self.log_path, error=exc))
 
     def _emit(self, event: Event) -> None:
         sink = self.on_event

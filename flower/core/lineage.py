@@ -31,11 +31,56 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import RunDirBusy
+from ..i18n import define, t
 from ..util.fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
 from .manifest import deferred_signals
 from .registry import Registry
 
 log = logging.getLogger("flower.lineage")
+
+define(
+    {
+        "lineage.unchecked": (
+            "查不了步骤 {step!r} 在 sessions.db 里的会话 {session}({kind}: {error});先留着它",
+            "could not check step {step!r}'s session {session} in sessions.db ({kind}: {error}); "
+            "keeping it",
+        ),
+        "lineage.not_updated": (
+            "更新不了 {path}({error});这次运行没法在那里记下它的会话",
+            "could not update {path} ({error}); this run cannot record its sessions there",
+        ),
+        "lineage.gone": (
+            "{path} 里步骤 {steps} 的会话在 sessions.db 里已经没有了;{kept};这些步骤开一条新会话",
+            "{path} names sessions that sessions.db no longer has for step {steps}; {kept}; "
+            "those steps start a new session",
+        ),
+        "lineage.gone.kept": (
+            "留了一份副本 {path}",
+            "kept a copy as {path}",
+        ),
+        "lineage.gone.not_kept": (
+            "副本没留成({error})",
+            "could not keep a copy ({error})",
+        ),
+        "lineage.why.workspace": (
+            "属于工作区 {workspace},不是这个",
+            "belongs to workspace {workspace}, not this one",
+        ),
+        "lineage.set_aside": (
+            "{path} {why};已留作 {aside},这次运行从头开始",
+            "{path} {why}; kept it as {aside} and this run starts fresh",
+        ),
+        "lineage.set_aside_failed": (
+            "{path} {why};挪不到一边({error});从头开始",
+            "{path} {why}; could not set it aside ({error}); starting fresh",
+        ),
+        "lineage.unwritten": (
+            "写不了 {path}({error});这次运行要是被杀掉,下次启动就接不上它的会话",
+            "could not write {path} ({error}); if this run is killed, the next start cannot "
+            "continue its sessions",
+        ),
+    }
+)
 
 LINEAGE_NAME = "lineage.json"
 JUDGE_MARK = "·判定"
@@ -225,11 +270,8 @@ class Lineage:
             return bool(self.has_session(sid))  # type: ignore[misc]
         except Exception as exc:  # noqa: BLE001 - a store that cannot answer is not "gone"
             log.warning(
-                "could not check step %r's session %s in sessions.db (%s: %s); keeping it",
-                name,
-                sid,
-                type(exc).__name__,
-                exc,
+                "%s",
+                t("lineage.unchecked", step=name, session=sid, kind=type(exc).__name__, error=exc),
             )
             return True
 
@@ -250,11 +292,7 @@ class Lineage:
             with self._lock, deferred_signals():
                 return self._wake_locked(set(mine))
         except OSError as exc:
-            log.warning(
-                "could not update %s (%s); this run cannot record its sessions there",
-                self.path,
-                exc.strerror or exc,
-            )
+            log.warning("%s", t("lineage.not_updated", path=self.path, error=exc.strerror or exc))
             self._write_failed = True
             self.load()
             self.woke += 1
@@ -265,7 +303,7 @@ class Lineage:
         state = self._read_for_update()
         if state is not None and not self._ours(state.workspace):
             self._refuse_if_held()
-            self._set_aside("workspace", f"belongs to workspace {state.workspace}, not this one")
+            self._set_aside("workspace", t("lineage.why.workspace", workspace=state.workspace))
             state = None
         self.woke = (state.woke if state else 0) + 1
         file_steps = state.steps if state else {}
@@ -296,16 +334,10 @@ class Lineage:
             )
             shutil.copyfile(self.path, aside)
             os.chmod(aside, FILE_MODE)
-            kept = f"kept a copy as {aside}"
+            kept = t("lineage.gone.kept", path=aside)
         except OSError as exc:
-            kept = f"could not keep a copy ({exc.strerror or exc})"
-        log.warning(
-            "%s names sessions that sessions.db no longer has for step %s; %s; "
-            "those steps start a new session",
-            self.path,
-            names,
-            kept,
-        )
+            kept = t("lineage.gone.not_kept", error=exc.strerror or exc)
+        log.warning("%s", t("lineage.gone", path=self.path, steps=names, kept=kept))
 
     def _refuse_if_held(self) -> None:
         """Raise RunDirBusy if a live flower holds this run_dir for another workspace."""
@@ -332,9 +364,9 @@ class Lineage:
         try:
             aside = set_aside(self.path, reason)
         except OSError as exc:
-            log.warning("%s %s; could not set it aside (%s); starting fresh", self.path, why, exc)
+            log.warning("%s", t("lineage.set_aside_failed", path=self.path, why=why, error=exc))
             return
-        log.warning("%s %s; kept it as %s and this run starts fresh", self.path, why, aside)
+        log.warning("%s", t("lineage.set_aside", path=self.path, why=why, aside=aside))
 
     def _drop_stale_tmp(self) -> None:
         """Remove temp files of writers killed mid-write: every writer holds the lock we hold."""
@@ -366,12 +398,7 @@ class Lineage:
     def _warn_write(self, exc: OSError) -> None:
         if not self._write_failed:  # once per run: every later write would say the same
             self._write_failed = True
-            log.warning(
-                "could not write %s (%s); if this run is killed, the next start cannot "
-                "continue its sessions",
-                self.path,
-                exc.strerror or exc,
-            )
+            log.warning("%s", t("lineage.unwritten", path=self.path, error=exc.strerror or exc))
 
     def _merge_locked(self, key: str, session_id: str) -> None:
         state = self._read_for_update()

@@ -35,6 +35,7 @@ import tenacity
 
 from .._errors import AttemptCrash
 from ..docs.handoff import HANDOFF_PROMPT, Handoff, degraded
+from ..i18n import define, t
 from ..util.fsutil import inside
 from ..util.overflow import is_overflow
 from .attempt import Window, crash_of, handoff_at
@@ -47,6 +48,15 @@ from .window import HandoffPolicy, is_guess
 
 OnEvent = Callable[[Event], None]
 log = logging.getLogger("flower")
+
+define(
+    {
+        "loop.handoff_unsaved": (
+            "{step} 的交接没能存到 {path}:{error}",
+            "could not save the handoff of {step} to {path}: {error}",
+        ),
+    }
+)
 
 INTERRUPT_NOTE = (
     "(这是人在运行中按 Ctrl-C 打断后说的话。当时在飞的工具调用如果返回 interrupted,"
@@ -388,7 +398,7 @@ class StepLoop:
         try:
             return h.write(path)
         except OSError as exc:
-            log.warning("could not save the handoff of %s to %s: %s", self.task.step, path, exc)
+            log.warning("%s", t("loop.handoff_unsaved", step=self.task.step, path=path, error=exc))
             return None
 
     # -- exit 4: a retryable failure ------------------------------------------------------

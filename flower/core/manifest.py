@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..i18n import define, t
 from ..util.fsutil import FILE_MODE, atomic_write_text, open_private, private_dir, set_aside
 from .result import StepResult
 
@@ -44,6 +45,25 @@ if TYPE_CHECKING:
     from filelock import FileLock
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "manifest.torn": (
+            "manifest {path} 写到一半被截断;已留作 {aside},重写了其中完整的 {rows} 行",
+            "manifest {path} was cut short mid-write; kept it as {aside} and rewrote its {rows} "
+            "whole rows",
+        ),
+        "manifest.corrupt": (
+            "manifest {path} 不是由行组成的 JSON 数组;已留作 {aside},另起了一个新的",
+            "manifest {path} is not a JSON array of rows; kept it as {aside} and started a "
+            "fresh one",
+        ),
+        "manifest.corrupt_read": (
+            "manifest {path} 不是由行组成的 JSON 数组;当作空的来读",
+            "manifest {path} is not a JSON array of rows; reading it as empty",
+        ),
+    }
+)
 
 MANIFEST_NAME = "manifest.json"
 LOCK_POLL_S = 0.002  # filelock's default 50 ms poll made 4-way contention wait up to 1.5 s
@@ -313,18 +333,9 @@ class Manifest:
     def _set_aside(self, verdict: str, whole_rows: int) -> None:
         aside = set_aside(self.path, verdict)
         if verdict == "torn":
-            log.warning(
-                "manifest %s was cut short mid-write; kept it as %s and rewrote its %d whole rows",
-                self.path,
-                aside,
-                whole_rows,
-            )
+            log.warning("%s", t("manifest.torn", path=self.path, aside=aside, rows=whole_rows))
         else:
-            log.warning(
-                "manifest %s is not a JSON array of rows; kept it as %s and started a fresh one",
-                self.path,
-                aside,
-            )
+            log.warning("%s", t("manifest.corrupt", path=self.path, aside=aside))
 
     def _append(self, fd: int, size: int, rows: int, raws: list[bytes]) -> None:
         """Write ``raws`` over the closing bracket in one pwrite; restore the tail on error."""
@@ -391,7 +402,7 @@ def read_manifest(run_dir: str | Path) -> list[dict[str, Any]]:
     data = _read_shared(Path(run_dir), path)
     entries, verdict = decode(data)
     if verdict == "corrupt":
-        log.warning("manifest %s is not a JSON array of rows; reading it as empty", path)
+        log.warning("%s", t("manifest.corrupt_read", path=path))
     return [row for _, row in entries]
 
 

@@ -18,9 +18,23 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..i18n import define, t
 from ..util.fsutil import atomic_write_text, private_dir, set_aside
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "registry.set_aside": (
+            "{path} 不是 flower 的记录;已留作 {aside}",
+            "{path} is not a flower record; kept it as {aside}",
+        ),
+        "registry.set_aside_failed": (
+            "{path} 不是 flower 的记录,也挪不到一边({error})",
+            "{path} is not a flower record and cannot be set aside ({error})",
+        ),
+    }
+)
 
 FLOWERS_DIRNAME = "flowers"
 
@@ -150,9 +164,9 @@ class Registry:
             try:
                 aside = set_aside(path, "corrupt")
             except OSError as exc:
-                log.warning("%s is not a flower record and cannot be set aside (%s)", path, exc)
+                log.warning("%s", t("registry.set_aside_failed", path=path, error=exc))
                 continue
-            log.warning("%s is not a flower record; kept it as %s", path, aside)
+            log.warning("%s", t("registry.set_aside", path=path, aside=aside))
             moved.append(aside)
         return moved
 

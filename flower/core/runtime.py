@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from ..i18n import define, t
 from ..util.loops import call_on
 from .agent import AgentSpec
 from .attempt import Window
@@ -37,6 +38,19 @@ from .result import HANDOFF_DUE, INTERRUPTED, KILLED_BY_SIGNAL, StepResult
 from .window import HandoffPolicy
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "runtime.manifest_unwritten": (
+            "写不了 {path}:{error}",
+            "could not write {path}: {error}",
+        ),
+        "runtime.session_unrecorded": (
+            "记录会话 {session} 失败",
+            "recording session {session} failed",
+        ),
+    }
+)
 
 __all__ = ["OnEvent", "Runtime"]
 
@@ -280,7 +294,10 @@ class Runtime:
         try:
             self.manifest.record(result)
         except OSError as exc:
-            log.warning("could not write %s: %s", self.run_dir / "manifest.json", exc)
+            log.warning(
+                "%s",
+                t("runtime.manifest_unwritten", path=self.run_dir / "manifest.json", error=exc),
+            )
         return result
 
     def _attempt_began(self, n: int) -> None:
@@ -293,7 +310,7 @@ class Runtime:
             try:
                 self.on_session(sid)
             except Exception:
-                log.warning("recording session %s failed", sid, exc_info=True)
+                log.warning("%s", t("runtime.session_unrecorded", session=sid), exc_info=True)
         self.note(session_id=sid)
 
     def rescue(self) -> StepResult | None:

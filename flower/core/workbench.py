@@ -19,11 +19,21 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..i18n import define, t
 from ..util.fsutil import atomic_write_text, private_dir
 
 __all__ = ["Workbench"]
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "workbench.index_unwritten": (
+            "工作台索引 {path} 没写成:{error}",
+            "workbench index {path} not written: {error}",
+        ),
+    }
+)
 
 #: A self-description is looked for in this many first lines of a file.
 DESC_LINES = 8
@@ -121,7 +131,7 @@ class Workbench:
             self.ensure()
             atomic_write_text(self.index_path, text, durable=False)
         except OSError as exc:
-            log.warning("workbench index %s not written: %s", self.index_path, exc)
+            log.warning("%s", t("workbench.index_unwritten", path=self.index_path, error=exc))
         return text
 
     def prompt_block(self) -> str:

@@ -5,10 +5,22 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..i18n import define, t
 from .dbfile import set_aside_database
 
 SESSIONS_DB = "sessions.db"
 log = logging.getLogger("flower")
+
+define(
+    {
+        "stores.set_aside": (
+            "{problem};已把它(连同 -wal/-shm 文件)挪到 {aside},另起了一个新的;"
+            "之前的对话还在旧文件里",
+            "{problem}; moved it (with its -wal/-shm files) to {aside} and started a fresh one; "
+            "earlier conversations stay in the old file",
+        ),
+    }
+)
 
 
 def open_store(runtime: Any) -> Any:
@@ -49,10 +61,5 @@ def open_store(runtime: Any) -> Any:
                 f"{exc.message}, and it cannot be moved aside ({move.strerror or move})",
                 hint=f"move {path} (and its -wal/-shm files) away by hand, then run again",
             ) from exc
-        log.warning(
-            "%s; moved it (with its -wal/-shm files) to %s and started a fresh one; "
-            "earlier conversations stay in the old file",
-            exc.message,
-            aside,
-        )
+        log.warning("%s", t("stores.set_aside", problem=exc.message, aside=aside))
         return store()

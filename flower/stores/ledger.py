@@ -52,12 +52,34 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..i18n import define, t
 from .trim import tool_results, tool_uses
 
 if TYPE_CHECKING:
     from .sqlite import SqliteSessionStore
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "ledger.db_unreadable": (
+            "sessions.db 读不了:{error}",
+            "sessions.db could not be read: {error}",
+        ),
+        "ledger.session_late": (
+            "会话 {session} 没能及时写进 sessions.db",
+            "session {session} did not reach sessions.db in time",
+        ),
+        "ledger.unwritable": (
+            "工具台账写不进去:{error}",
+            "the tool ledger could not be written: {error}",
+        ),
+        "ledger.may_repeat": (
+            "{why};CLI 记下这次调用之前要是被杀掉,它可能会再执行一次",
+            "{why}; a kill before the CLI records the call may repeat it",
+        ),
+    }
+)
 
 __all__ = [
     "MAX_CONTENT_CHARS",
@@ -249,10 +271,10 @@ class ToolLedger:
                 if self.store.has_session(None, session_id):
                     return
             except Exception as exc:  # noqa: BLE001 - the call goes on; said once
-                self._warn(f"sessions.db could not be read: {exc}")
+                self._warn(t("ledger.db_unreadable", error=exc))
                 return
             if time.monotonic() > deadline:
-                self._warn(f"session {session_id} did not reach sessions.db in time")
+                self._warn(t("ledger.session_late", session=session_id))
                 return
             await asyncio.sleep(0.005)
 
@@ -310,12 +332,12 @@ class ToolLedger:
         try:
             await self.store._run(work, write=True)
         except Exception as exc:  # noqa: BLE001 - continuity never blocks work
-            self._warn(f"the tool ledger could not be written: {exc}")
+            self._warn(t("ledger.unwritable", error=exc))
 
     def _warn(self, text: str) -> None:
         if not self._warned:
             self._warned = True
-            log.warning("%s; a kill before the CLI records the call may repeat it", text)
+            log.warning("%s", t("ledger.may_repeat", why=text))
 
     # -- reading ------------------------------------------------------------------------
 
@@ -446,7 +468,7 @@ def fill(
             tid = block.get("tool_use_id")
             if isinstance(tid, str):
                 answered[tid] = (n, i, is_interrupted(entry, block))
-    open_ids = [t for t in uses if t not in answered or answered[t][2]]
+    open_ids = [tid for tid in uses if tid not in answered or answered[tid][2]]
     if not open_ids:
         return count
     calls = ledger.calls(open_ids)
@@ -457,10 +479,10 @@ def fill(
         n, i, _ = answered[tid]
         entries[n] = _replaced(entries[n], i, call)
         count += 1
-    missing = [t for t in open_ids if t not in answered and t in calls]
-    for n in sorted({uses[t] for t in missing}, reverse=True):
-        group = [t for t in missing if uses[t] == n]
-        count += insert_after_response(entries, n, [(t, calls[t]) for t in group])
+    missing = [tid for tid in open_ids if tid not in answered and tid in calls]
+    for n in sorted({uses[tid] for tid in missing}, reverse=True):
+        group = [tid for tid in missing if uses[tid] == n]
+        count += insert_after_response(entries, n, [(tid, calls[tid]) for tid in group])
     return count
 
 

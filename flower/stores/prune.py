@@ -58,6 +58,7 @@ from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..i18n import define, t
 from .ledger import DONE, Call, ToolLedger, fill, insert_after_response, timestamp_epoch
 from .trim import (
     EphemeralPolicy,
@@ -81,6 +82,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "prune.ledger_unreadable": (
+            "工具台账读不了({error}),不靠它接着做",
+            "the tool ledger could not be read ({error}); resuming without it",
+        ),
+    }
+)
 
 INTERRUPTED_TEXT = "[上一轮在此处被中断,该工具结果未产生]"
 ORPHAN_TEXT = "[这一步被打断了,没有结果。需要的话重做。]"
@@ -178,7 +188,7 @@ class PruningSessionStore(TrimmingSessionStore):
             if supplied:
                 report["ledger"] = supplied
         except Exception as exc:  # noqa: BLE001 - the transcript as it is, said once
-            log.warning("the tool ledger could not be read (%s); resuming without it", exc)
+            log.warning("%s", t("prune.ledger_unreadable", error=exc))
         if self.prune_policy.enabled:
             entries = self.prune(entries, report)
         out = super().reshape(entries)

@@ -51,6 +51,7 @@ from typing import Any, cast
 
 from claude_agent_sdk.types import SessionKey, SessionStoreEntry
 
+from ..i18n import define, t
 from ..util.ephemeral import is_ephemeral
 from ..util.fsutil import atomic_write_text, private_dir
 from .sqlite import SqliteSessionStore
@@ -66,6 +67,15 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+define(
+    {
+        "trim.spill_failed": (
+            "一条工具结果没能另存出去({error}),原样保留",
+            "could not spill a tool result ({error}); kept whole",
+        ),
+    }
+)
 
 #: Characters of a trimmed result kept in place after the pointer (as spill_guard does).
 HEAD_CHARS = 400
@@ -309,7 +319,7 @@ class TrimmingSessionStore(SqliteSessionStore):
                 try:
                     self.spill(text)
                 except (OSError, UnicodeError) as exc:  # lone surrogates cannot be written
-                    logger.warning("could not spill a tool result (%s); kept whole", exc)
+                    logger.warning("%s", t("trim.spill_failed", error=exc))
                     failed += 1
                     continue
                 out[n] = with_result_text(out[n], i, pointer)

@@ -19,6 +19,7 @@ from ..core.agent import AgentSpec
 from ..core.call import StepCall
 from ..core.registry import Registry
 from ..core.result import Event, StepResult, jsonable
+from ..i18n import define, t
 from .resume import (
     PriorRun,
     input_hash,
@@ -38,6 +39,15 @@ LOOKAHEAD = 1
 ON_FAIL = ("stop", "skip", "continue")
 
 log = logging.getLogger("flower")
+
+define(
+    {
+        "workflow.manifest_unchecked": (
+            "检查不了 {path}:{error}",
+            "could not check {path}: {error}",
+        ),
+    }
+)
 
 
 class StepAbort(Exception):
@@ -404,7 +414,7 @@ def _check_manifest(rt: Runtime) -> None:
     try:
         rt.manifest.check()
     except OSError as exc:  # the row writes will say it again; the run goes on
-        log.warning("could not check %s: %s", rt.manifest.path, exc)
+        log.warning("%s", t("workflow.manifest_unchecked", path=rt.manifest.path, error=exc))
 
 
 async def _maybe_await(value: Any) -> Any:
