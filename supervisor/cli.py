@@ -27,6 +27,7 @@ define(
             "pass -r with a directory (it is created if missing), e.g. -r runs",
         ),
         "cli.not_dir": ("工作区 {ws} 不是目录", "workspace {ws} is not a directory"),
+        "cli.verified": ("流程 '{flow}' 没问题:{n} 个步骤", "flow '{flow}' is valid: {n} steps"),
         "cli.not_dir.hint": ("先建好它,或者用 -w 指定目录", "create it first or pass -w DIR"),
     }
 )
@@ -248,6 +249,28 @@ def cancel(run: str, run_dir: Path) -> None:
         sys.exit(1)
     resume = " ".join(rec.command) if rec.command else "flower-super start"
     click.echo(t("cancel.stopped", run=rec.run, pid=rec.pid, resume=resume))
+
+
+@main.command()
+@click.option(
+    "--flow",
+    "flow_ref",
+    required=True,
+    metavar="FILE.py:ATTR|MODULE:ATTR",
+    help="the Workflow to check",
+)
+def verify(flow_ref: str) -> None:
+    """Check a flow without running it: exit 0 when it is valid, else exit 2 with one line per
+    problem naming the step and the rule (cross-run on a judged, human-facing or
+    idempotent=False step; an unknown fingerprint prefix; a bad ttl). `start --flow` refuses
+    an invalid flow the same way before any model call."""
+    from .flows import load_flow
+
+    try:
+        wf = load_flow(flow_ref)
+    except FlowerError as exc:
+        _fail(exc)
+    click.echo(t("cli.verified", flow=wf.name, n=len(wf.steps)))
 
 
 @main.command()

@@ -142,6 +142,11 @@ define(
             "模块:属性 或 文件.py:属性,指向一个 Workflow(或返回 Workflow 的函数)",
             "MODULE:ATTR or FILE.py:ATTR naming a Workflow (or a function returning one)",
         ),
+        "cli.help.verify": (
+            "只检查流程(每处问题一行,退出码 2),不跑",
+            "only check the flow (one line per problem, exit status 2); do not run it",
+        ),
+        "cli.verified": ("流程 '{flow}' 没问题:{n} 个步骤", "flow '{flow}' is valid: {n} steps"),
         "cli.help.prompt": ("给这个 agent 的话", "what to tell the agent"),
         "cli.help.instructions": (
             "领域说明,叠加在 Claude Code 自带的系统提示之后",
@@ -299,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help=t("cli.help.run"), description=t("cli.help.run"))
     _globals(run, suppress=True)
     run.add_argument("target", help=t("cli.help.target"))
+    run.add_argument("--verify", action="store_true", help=t("cli.help.verify"))
 
     once = sub.add_parser("once", help=t("cli.help.once"), description=t("cli.help.once"))
     _globals(once, suppress=True)
@@ -592,7 +598,15 @@ def _run(args: argparse.Namespace) -> int:
 
     ws = _workspace(args)
     run_dir = _run_dir(args)
-    wf = load_flow(args.target)
+    from flower.workflow.verify import FlowInvalid
+
+    try:
+        wf = load_flow(args.target)
+    except FlowInvalid as exc:
+        raise Stop(exc.message, code=2, hint=exc.hint) from None
+    if args.verify:
+        _say(t("cli.verified", flow=wf.name, n=len(wf.steps)))
+        return 0
     _credentials(args, ws)
     workbench: Any = wf.workbench
     if workbench is None:

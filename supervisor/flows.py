@@ -22,6 +22,7 @@ from flower.core.registry import Registry
 from flower.i18n import define, t
 from flower.workflow import Workflow
 from flower.workflow.starter import starter_flow
+from flower.workflow.verify import check
 
 define(
     {
@@ -156,7 +157,9 @@ def load_flow(ref: str, ask: str = "") -> Workflow:
         raise ConfigError(
             t("flow.attr", module=target, attr=attr), hint=t("flow.attr.hint", names=names)
         )
-    return _as_workflow(getattr(module, attr), ref, ask)
+    wf = _as_workflow(getattr(module, attr), ref, ask)
+    check(wf)  # an invalid flow is refused before any model call (FlowInvalid: exit 2)
+    return wf
 
 
 def _import_file(path_text: str) -> Any:

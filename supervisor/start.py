@@ -28,6 +28,7 @@ from flower import FlowerError, Runtime, Workbench
 from flower.core.attempt import preload
 from flower.core.proctree import PROCS
 from flower.core.registry import INTERRUPTED, KILLED
+from flower.core.reuse import report_lines
 from flower.i18n import define, t
 from flower.workflow import Workflow
 from flower.workflow.goal import MISSING_KEY, VERDICT_KEY
@@ -190,6 +191,8 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         term.closing(rt)
         return 1
     term.say(t("start.done", woke=ctx["_woke"], run=rt.run_id))
+    for line in report_lines(ctx.get("_reuse") or []):
+        term.say(line)
     term.closing(rt)
     return 0
 

@@ -27,6 +27,7 @@ from flower.core.registry import (
     FlowerRecord,
     Registry,
 )
+from flower.core.reuse import report_lines, summary
 from flower.i18n import define, t
 from flower.stores import SESSIONS_DB
 from flower.stores.dbfile import damage as db_damage
@@ -128,6 +129,7 @@ class FlowerView:
             "elapsed_s": round(_elapsed(r, self.alive), 1),
             "resume": shlex.join(self.resume_command) if self.resume_command else None,
             "commands": self.commands,
+            "reuse": summary(r.reuse) if r.reuse else None,
         }
 
 
@@ -328,6 +330,7 @@ def _flower_lines(f: FlowerView) -> list[str]:
         elapsed=_dur(_elapsed(r, f.alive)),
     )
     out = [head, detail]
+    out += ["   " + line for line in report_lines(r.reuse)]  # seed 004: what was reused, and why
     if f.commands:
         out.append(t("status.commands", commands="  ·  ".join(f.commands)))
     if f.resume_command:

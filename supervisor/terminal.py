@@ -51,8 +51,8 @@ define(
         "term.wake.context": ("{name}上下文 {size}", "{name} context {size}"),
         "term.wake.count": ("第 {n} 次唤醒", "wake {n}"),
         "term.step.reused": (
-            "+ 上次已完成,输入没变,直接复用(不再发给模型)",
-            "+ finished last time with the same input: reused (not sent to the model again)",
+            "+ {step}(跳过 —— 缓存:{scope};输入没变,不再发给模型)",
+            "+ {step} (skipped — cache: {scope}; same input, not sent to the model again)",
         ),
         "term.step.resumed": ("<- 接上次 · 第 {n} 次唤醒", "<- carrying on · wake {n}"),
         "term.retry.died": (
@@ -383,7 +383,8 @@ class Terminal:
         head = rule(name) + f"  {pos}"
         if p.get("reused"):
             self._reused.add(name)
-            self.say(f"{head}  {t('term.step.reused')}")
+            scope = p.get("cache") or "run-only"
+            self.say(f"{head}  {t('term.step.reused', step=name, scope=scope)}")
         elif p.get("resumed"):
             self.say(f"{head}  {t('term.step.resumed', n=p.get('woke', self.woke))}")
         else:

@@ -138,7 +138,10 @@ def test_kill9_while_the_first_request_waits_continues_that_session(model_server
     resumed = [r for r in after if r.conversation == "second"]
     assert resumed and {r.session_id for r in resumed} == {doomed}
     assert not [r for r in after if r.conversation == "first"]
-    assert [r["ok"] for r in f.rows("first")] == [True]
+    # first ran once; the restart reused it: a row of $0 marked reused (seed 004)
+    rows = f.rows("first")
+    assert [(r["ok"], r.get("reused")) for r in rows] == [(True, None), (True, "run-only")]
+    assert rows[1]["cost_usd"] == 0 and rows[1]["saved_usd"] == rows[0]["cost_usd"]
     no_api_error_sent(server)
 
 

@@ -248,13 +248,14 @@ class Manifest:
         self._lock = _lock_for(self.run_dir)
         self._run = _run_state(self.path, run_id)
 
-    def record(self, result: StepResult) -> dict[str, Any]:
-        """Append ``result``'s row (under the lock, fsynced) and return the row.
+    def record(self, result: StepResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Append ``result``'s row (under the lock, fsynced) and return the row; ``extra``
+        adds fields of ours to it (a reused step's ``reused`` and ``saved_usd``).
 
         Raises OSError when the file cannot be written; the row stays pending and lands
         with the next successful write.
         """
-        row = manifest_row(result, self.run_id)
+        row = manifest_row(result, self.run_id) | (extra or {})
         raw = _dumps(row)
         self._run.mine.append(raw)
         self._run.pending.append(raw)

@@ -109,6 +109,8 @@ class FlowerRecord:
     exit_code: int | None = None
     # step name -> {"hash": input hash, "result": StepResult dict, "value": ctx value}
     completed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # seed 004's reuse report: per step, reused or ran (and why), in the order they came.
+    reuse: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:

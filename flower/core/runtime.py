@@ -288,6 +288,32 @@ class Runtime:
         """Drop what the placement prepared and wait for what is still exiting."""
         await self.placement.close()
 
+    def record_reused(self, result: StepResult, scope: str) -> StepResult:
+        """A step reused instead of run (seed 004): its manifest row has ``cost_usd`` 0, a
+        ``reused`` field (``"run-only"`` or ``"cross-run"``) and ``saved_usd``, what the
+        result cost when it was made. Nothing was spent: it is not in :attr:`results`."""
+        now = time.time()
+        row = StepResult(
+            step=result.step,
+            session_id=result.session_id,
+            ok=True,
+            cost_usd=0.0,
+            num_turns=0,
+            text=result.text,
+            started_at=now,
+            ended_at=now,
+            attempts=0,
+            context=result.context,
+        )
+        try:
+            self.manifest.record(row, {"reused": scope, "saved_usd": round(result.cost_usd, 6)})
+        except OSError as exc:
+            log.warning(
+                "%s",
+                t("runtime.manifest_unwritten", path=self.run_dir / "manifest.json", error=exc),
+            )
+        return row
+
     def _finish(self, result: StepResult) -> StepResult:
         result.ended_at = result.ended_at or time.time()
         self.results.append(result)

@@ -20,9 +20,12 @@ from ..core.call import StepCall
 from ..core.registry import Registry
 from ..core.result import Event, StepResult, jsonable
 from ..i18n import define, t
+from . import memo
+from .memo import Cache
 from .resume import (
     PriorRun,
-    input_hash,
+    hash_of,
+    input_parts,
     prior_run,
     refuse_live_conflict,
     registry_lock,
@@ -45,6 +48,12 @@ define(
         "workflow.manifest_unchecked": (
             "检查不了 {path}:{error}",
             "could not check {path}: {error}",
+        ),
+        "workflow.not_idempotent": (
+            "步骤 '{step}' 声明了 idempotent=False(副作用不可逆):上次已做过,"
+            "这次照样重跑,不自动重试",
+            "step '{step}' is idempotent=False (irreversible side effects): it ran before and "
+            "runs again now, with no automatic retry",
         ),
     }
 )
@@ -75,6 +84,11 @@ class Step:
     on_reject: Callable[[StepResult, Ctx], Any] | None = None
     resume_prompt: str | Callable[[Ctx], str] | None = None
     reduce: Callable[[StepResult, Ctx], Any] | None = None
+    # seed 004: how the result may be reused (None: run-only, or cross-run under an
+    # incremental flow), and whether running it twice is safe (False: never cached,
+    # re-run on resume with one warning line, no automatic retry).
+    cache: Cache | None = None
+    idempotent: bool = True
 
     def __post_init__(self) -> None:
         if self.on_fail not in ON_FAIL:
@@ -120,6 +134,7 @@ class Workflow:
     channel: Any = None
     workbench: Any = None
     continuous: bool = True
+    incremental: bool = False  # seed 004: every step cross-run unless it says otherwise
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.steps]
@@ -175,6 +190,7 @@ class _Run:
         self.ctx: Ctx = dict(wf.context)
         self.lineage = rt.lineage()
         self.prior: PriorRun | None = None
+        self.report: list[dict[str, Any]] = []  # per step: reused or ran, and why
 
     async def run(self, command: list[str] | None) -> Ctx:
         rt, wf = self.rt, self.wf
@@ -244,25 +260,110 @@ class _Run:
         if step.when is not None and not await _maybe_await(step.when(ctx)):
             return True
         prompt = step.render(ctx)
-        digest = input_hash(self.wf.name, step, prompt)
-        if self._reuse(step, digest, index):
+        parts = input_parts(
+            self.wf.name,
+            step,
+            prompt,
+            index=index,
+            args={"context": jsonable(self.wf.context), "ask": ctx.get("_ask")},
+            workspace=str(self.rt.workspace),
+        )
+        digest = hash_of(parts)
+        scope = memo.scope_of(step, self.wf)
+        if scope != "off" and self._reuse(step, digest, index):
             return True
+        cross = (
+            memo.CrossRun.open(self.rt.run_dir, self.rt.workspace, self.wf.name, step, digest)
+            if scope == "cross-run"
+            else None
+        )
+        if cross is not None and cross.hit is not None:
+            self._restore(step, index, digest, parts, cross)
+            return True
+        why = self._why_run(step, scope, parts, cross)
+        if not step.idempotent and self._ran_before(step):
+            log.warning("%s", t("workflow.not_idempotent", step=step.name))
         resume = self._session_for(step)
         prompt_cur = self._resume_text(step, prompt) if resume else prompt
         self._step_event(index, step, resumed=bool(resume))
         self._prepare(index, StepCall(step.spec, "", step.name, resume, step.fork))
-        result, passed = await self._attempts(step, prompt, prompt_cur, resume)
+        with self._no_retry(step):
+            result, passed = await self._attempts(step, prompt, prompt_cur, resume)
         if passed:
             value = step.reduce(result, ctx) if step.reduce else result.text
             ctx[step.name] = value
-            self._completed(step, digest, result, value)
+            self._completed(step, digest, result, value, parts)
+            if cross is not None:
+                cross.store_result(result, jsonable(value), parts, self.rt.run_id)
         elif step.on_fail == "continue":
             ctx[step.name] = result.text  # the incomplete result goes on
         elif step.on_fail == "stop":
             ctx["_failed_at"] = step.name
+        self._explain(step, "ran" if passed else "failed", scope, why, result.cost_usd)
         if self.on_step:
             self.on_step(step, result)
         return passed or step.on_fail != "stop"
+
+    def _no_retry(self, step: Step) -> Any:
+        """An ``idempotent=False`` step gets one attempt: no automatic retry of an
+        irreversible action (its own ``retries`` and the API retries alike)."""
+        import contextlib
+        from dataclasses import replace
+
+        if step.idempotent:
+            return contextlib.nullcontext()
+        rt, kept = self.rt, self.rt.resilience
+
+        @contextlib.contextmanager
+        def once() -> Any:
+            rt.resilience = replace(kept, max_attempts=1)
+            try:
+                yield
+            finally:
+                rt.resilience = kept
+
+        return once()
+
+    def _ran_before(self, step: Step) -> bool:
+        done = self.prior.completed if self.prior else {}
+        return step.name in done or (self.prior is not None and self.prior.in_flight == step.name)
+
+    def _why_run(
+        self, step: Step, scope: str, parts: dict[str, str], cross: memo.CrossRun | None
+    ) -> str:
+        """Why this step is sent to the model (the reuse report's words)."""
+        if scope == "off":
+            if not step.idempotent:
+                return t("memo.why.not_idempotent")
+            return t("memo.why.off")
+        before = self.prior.completed.get(step.name) if self.prior else None
+        old = (before or {}).get("parts") or (cross.last_parts if cross is not None else None)
+        if cross is not None and cross.last_fingerprints is not None:
+            moved = memo.changed_inputs(cross.last_fingerprints, cross.fingerprints)
+            if moved:
+                return t("memo.why.changed", what=", ".join(moved))
+        if old:
+            moved = memo.changed_inputs(old, parts)
+            if moved:
+                return t("memo.why.changed", what=", ".join(moved))
+            if cross is not None:
+                return t("memo.why.expired")
+        if self.prior is not None and self.prior.in_flight == step.name:
+            return t("memo.why.unfinished")
+        if scope == "run-only" and step.cache is None and self.wf.incremental:
+            reason = memo.why_not_cross_run(step)
+            if reason:
+                return t("memo.why.not_cacheable", why=reason)
+        return t("memo.why.never")
+
+    def _explain(self, step: Step, outcome: str, scope: str, why: str, cost: float) -> None:
+        entry: dict[str, Any] = {"step": step.name, "outcome": outcome, "scope": scope, "why": why}
+        entry["cost_usd" if outcome != "reused" else "saved_usd"] = round(cost, 6)
+        self.report.append(entry)
+        self.ctx["_reuse"] = self.report
+        rec = self.rt.record
+        if rec is not None:
+            rec.reuse = list(self.report)
 
     async def _attempts(
         self, step: Step, prompt: str, prompt_cur: str, resume: str | None
@@ -375,14 +476,43 @@ class _Run:
         if result.session_id:
             self.ctx["_sessions"][step.name] = result.session_id
         self.ctx[step.name] = done.get("value", result.text)
-        self._completed(step, digest, result, self.ctx[step.name])
+        self._completed(step, digest, result, self.ctx[step.name], done.get("parts"))
         run = self.prior.run if self.prior else None
-        self._step_event(index, step, resumed=False, reused=True, run=run)
+        self._step_event(index, step, resumed=False, reused=True, run=run, cache="run-only")
+        self.rt.record_reused(result, "run-only")
+        self._explain(
+            step, "reused", "run-only", t("memo.why.same_in_run", run=run), result.cost_usd
+        )
         if self.on_step:
             self.on_step(step, result)
         return True
 
-    def _completed(self, step: Step, digest: str, result: StepResult, value: Any) -> None:
+    def _restore(
+        self, step: Step, index: int, digest: str, parts: dict[str, str], cross: memo.CrossRun
+    ) -> None:
+        """A cross-run hit: the stored result at $0.00, no child started."""
+        hit = cross.hit
+        assert hit is not None
+        result = StepResult.from_dict(hit.result)
+        result.step = step.name
+        self.ctx["_results"][step.name] = result
+        self.ctx[step.name] = hit.ctx_value
+        self._completed(step, digest, result, hit.ctx_value, parts)
+        self._step_event(index, step, resumed=False, reused=True, cache="cross-run")
+        self.rt.record_reused(result, "cross-run")
+        why = t("memo.why.same_cross", run=hit.result.get("run") or "?")
+        self._explain(step, "reused", "cross-run", why, result.cost_usd)
+        if self.on_step:
+            self.on_step(step, result)
+
+    def _completed(
+        self,
+        step: Step,
+        digest: str,
+        result: StepResult,
+        value: Any,
+        parts: dict[str, str] | None = None,
+    ) -> None:
         rec = self.rt.record
         if rec is None:
             return
@@ -390,6 +520,7 @@ class _Run:
             "hash": digest,
             "result": result.to_dict(),
             "value": jsonable(value),
+            "parts": parts or {},
         }
         self.rt.note()
 

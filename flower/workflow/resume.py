@@ -36,17 +36,43 @@ class HashedStep(Protocol):
     def spec(self) -> AgentSpec: ...
 
 
-def input_hash(flow: str, step: HashedStep, prompt: str) -> str:
-    fields = {
-        "flow": flow,
-        "step": step.name,
-        "prompt": prompt,
+def input_parts(
+    flow: str,
+    step: HashedStep,
+    prompt: str,
+    *,
+    index: int = 0,
+    args: Any = None,
+    workspace: str = "",
+) -> dict[str, str]:
+    """Everything that shapes what the agent will produce, each as a short digest (so a
+    report can say which one changed): the resolved prompt (after ctx interpolation: an
+    upstream output that changed moves every step that reads it, and an unchanged one does
+    not), the spec's fingerprint, the flow's name and the step's name and place in it, its
+    structure (``resume_from``, ``fork``), the run's args and ask, and the workspace path."""
+    return {
+        "prompt": _digest(prompt),
         "spec": step.spec.fingerprint(),
-        "resume_from": step.resume_from,
-        "fork": step.fork,
+        "flow": _digest([flow, step.name, index]),
+        "structure": _digest([step.resume_from, step.fork]),
+        "args": _digest(args),
+        "workspace": _digest(workspace),
     }
-    raw = json.dumps(fields, sort_keys=True, ensure_ascii=False)
+
+
+def input_hash(flow: str, step: HashedStep, prompt: str, **more: Any) -> str:
+    """The step's input hash: :func:`input_parts` folded into one digest."""
+    return hash_of(input_parts(flow, step, prompt, **more))
+
+
+def hash_of(parts: dict[str, str]) -> str:
+    raw = json.dumps(parts, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+def _digest(value: Any) -> str:
+    raw = json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass

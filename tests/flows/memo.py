@@ -1,0 +1,40 @@
+"""Flows of the memoization tests: four cross-run steps, each keyed on another fingerprint."""
+
+from __future__ import annotations
+
+from flower import Cache
+from flower.core.agent import AgentSpec
+from flower.workflow import Step, Workflow, with_goal
+
+hands = AgentSpec(name="hands", instructions="test agent", allowed_tools=["Read"])
+
+flow = Workflow(
+    [
+        Step(
+            "data", hands, "[[m-data]] read data/", cache=Cache("cross-run", ["glob!:data/*.txt"])
+        ),
+        Step("src", hands, "[[m-src]] read src/", cache=Cache("cross-run", ["glob:src/*.py"])),
+        Step("head", hands, "[[m-head]] note the commit", cache=Cache("cross-run", ["git:HEAD"])),
+        Step(
+            "sum",
+            hands,
+            lambda ctx: f"[[m-sum]] sum up: {ctx['data']}",
+            cache=Cache("cross-run", ["env:FLOWER_MEMO_TEST"], ttl="7d"),
+        ),
+    ],
+    name="memo",
+)
+
+# What verify refuses, each naming its step and rule.
+judged = with_goal(
+    Step("judged", hands, "[[j]] go", cache=Cache("cross-run")), None, goal_path="goal.md"
+)
+bad = Workflow(
+    [
+        judged,
+        Step("deploy", hands, "[[d]] deploy", cache=Cache("cross-run"), idempotent=False),
+        Step("odd", hands, "[[o]] go", cache=Cache("cross-run", ["svn:HEAD"])),
+        Step("stale", hands, "[[s]] go", cache=Cache("cross-run", ttl="7w")),
+    ],
+    name="bad",
+)
