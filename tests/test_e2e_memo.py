@@ -144,3 +144,59 @@ def test_verify_names_every_problem_and_start_refuses_before_any_model_call(
     code, out = f.run(flow="tests.flows.memo:bad")
     assert code == 2 and "unknown fingerprint prefix" in out, out
     assert not [r for r in server.requests if r.path == "/v1/messages"]
+
+
+HOLD = 90  # the scripted model "thinks" this long (once) so the drill can kill mid-step
+
+
+def test_kill_9_in_step_3_of_4_resumes_there_and_pays_nothing_twice(model_server, flower_env):
+    from .e2e import kill, wait_until
+
+    server = model_server(
+        {
+            "conversations": [
+                conv("k-one", ["one done."]),
+                conv("k-two", ["two done."]),
+                conv("k-three", [{"text": "three done.", "delay": HOLD, "times": 1}]),
+                conv("k-four", ["four done."]),
+            ]
+        }
+    )
+    f: Flower = flower_env(server)
+    proc = f.start(flow="tests.flows.memo:four")
+    server.wait_for(lambda reqs: any(r.conversation == "k-three" for r in reqs), timeout=60)
+    doomed = next(r.session_id for r in server.requests if r.conversation == "k-three")
+    wait_until(lambda: f.lineage()["steps"].get("three") == doomed, 10, "lineage to name it")
+    mark = len(server.requests)
+    kill(proc)
+    f.assert_no_survivors(within=5.0)
+
+    code, out = f.run(flow="tests.flows.memo:four", timeout=120)
+    assert code == 0, out
+    after = sent(server, mark)
+    assert "k-one" not in after and "k-two" not in after, after  # steps 1-2: no request
+    three = [r for r in server.requests[mark:] if r.conversation == "k-three"]
+    assert three and {r.session_id for r in three} == {doomed}  # step 3 carries its session on
+    assert after.get("k-four") == 1  # step 4 runs
+    reused = {r["step"]: r for r in f.manifest() if r.get("reused")}
+    assert set(reused) == {"one", "two"} and all(r["cost_usd"] == 0 for r in reused.values())
+    assert "(skipped — cache: run-only" in out or "跳过 —— 缓存:run-only" in out, out
+    f.assert_no_survivors()
+
+
+def test_incremental_reuses_what_it_may_and_never_an_irreversible_step(model_server, flower_env):
+    server = model_server(
+        {"conversations": [conv("i-look", ["looked"]), conv("i-ship", ["shipped"])]}
+    )
+    f: Flower = flower_env(server)
+    mark = len(server.requests)
+    code, out = f.run(flow="tests.flows.memo:inc", timeout=120)
+    assert code == 0, out
+    assert set(sent(server, mark)) == {"i-look", "i-ship"}
+    mark = len(server.requests)
+    code, out = f.run(flow="tests.flows.memo:inc", timeout=120)
+    assert code == 0, out
+    assert sent(server, mark) == {"i-ship": 1}  # look: a cross-run hit; ship: never cached
+    rows = [r for r in f.manifest() if r["step"] == "look"]
+    assert [r.get("reused") for r in rows] == [None, "cross-run"]
+    assert "idempotent=False" in out  # the report says why ship ran

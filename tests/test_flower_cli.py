@@ -169,3 +169,15 @@ def test_help_is_english_under_flower_lang_en(tmp_path):
     assert "不写子命令时就是 go" in zh.stdout and zh.stdout.startswith("用法:flower ")
     wrong = flower("once", cwd=tmp_path, env_extra={"FLOWER_LANG": "zh"})
     assert wrong.returncode == 2 and "flower once:参数不对:" in wrong.stderr
+
+
+def test_run_verify_checks_without_running(tmp_path):
+    bad = flower(
+        "run", "--verify", "tests.flows.memo:bad", cwd=tmp_path, env_extra={"FLOWER_LANG": "en"}
+    )
+    assert bad.returncode == 2, bad.stderr
+    assert "step 'odd': unknown fingerprint prefix 'svn:'" in bad.stderr
+    assert "step 'deploy': cross-run is not allowed: idempotent=False" in bad.stderr
+    good = flower("run", "--verify", "tests.flows.memo:flow", cwd=tmp_path)
+    assert good.returncode == 0 and "流程 'memo' 没问题:4 个步骤" in good.stdout, good
+    assert not (tmp_path / "runs").exists()

@@ -476,7 +476,7 @@ class _Run:
         if result.session_id:
             self.ctx["_sessions"][step.name] = result.session_id
         self.ctx[step.name] = done.get("value", result.text)
-        self._completed(step, digest, result, self.ctx[step.name], done.get("parts"))
+        self._completed(step, digest, result, self.ctx[step.name], done.get("parts"), write=False)
         run = self.prior.run if self.prior else None
         self._step_event(index, step, resumed=False, reused=True, run=run, cache="run-only")
         self.rt.record_reused(result, "run-only")
@@ -497,7 +497,7 @@ class _Run:
         result.step = step.name
         self.ctx["_results"][step.name] = result
         self.ctx[step.name] = hit.ctx_value
-        self._completed(step, digest, result, hit.ctx_value, parts)
+        self._completed(step, digest, result, hit.ctx_value, parts, write=False)
         self._step_event(index, step, resumed=False, reused=True, cache="cross-run")
         self.rt.record_reused(result, "cross-run")
         why = t("memo.why.same_cross", run=hit.result.get("run") or "?")
@@ -512,7 +512,12 @@ class _Run:
         result: StepResult,
         value: Any,
         parts: dict[str, str] | None = None,
+        *,
+        write: bool = True,
     ) -> None:
+        """Record ``step`` as completed in this run's record; ``write=False`` for a reused
+        step (lost in a crash it is only reused again, from the same place, next time:
+        the registry write is left to the next step's)."""
         rec = self.rt.record
         if rec is None:
             return
@@ -522,7 +527,8 @@ class _Run:
             "value": jsonable(value),
             "parts": parts or {},
         }
-        self.rt.note()
+        if write:
+            self.rt.note()
 
     def _step_event(self, index: int, step: Step, **more: Any) -> None:
         """seed 003's ``Event("step")``: index, total, resumed, woke (and what ``more`` adds)."""

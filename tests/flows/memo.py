@@ -38,3 +38,24 @@ bad = Workflow(
     ],
     name="bad",
 )
+
+# Four plain steps (run-only, the default): the kill drill's flow.
+four = Workflow(
+    [
+        Step("one", hands, "[[k-one]] first"),
+        Step("two", hands, lambda ctx: f"[[k-two]] after {ctx['one']}"),
+        Step("three", hands, lambda ctx: f"[[k-three]] after {ctx['two']}"),
+        Step("four", hands, lambda ctx: f"[[k-four]] after {ctx['three']}"),
+    ],
+    name="four",
+)
+
+# incremental=True: every step cross-run, except what may never be (idempotent=False here).
+inc = Workflow(
+    [
+        Step("look", hands, "[[i-look]] look"),
+        Step("ship", hands, "[[i-ship]] ship it", idempotent=False),
+    ],
+    name="inc",
+    incremental=True,
+)
