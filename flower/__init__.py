@@ -78,6 +78,7 @@ if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ below lo
         wake_state,
         with_goal,
     )
+    from .workflow.base import MapStep as MapStep
     from .workflow.memo import Cache as Cache
 
 __version__ = "0.1.0"
@@ -102,6 +103,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ".core.lineage": ("Lineage",),
     ".core.manifest": ("Manifest", "read_manifest"),
     ".workflow.memo": ("Cache",),  # issue 11's API, outside seed 003's __all__
+    ".workflow.base": ("MapStep",),
     ".core.resilience": ("Resilience", "classify", "endpoint", "reachable"),
     ".core.result": ("Event", "StepResult"),
     ".core.roles": (

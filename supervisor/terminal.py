@@ -295,6 +295,7 @@ class Terminal:
         self._status: asyncio.Task[None] | None = None
         self._handoff_used = 0
         self.stop_reason = ""  # why the run stopped, when a step stopped it
+        self._map_total = self._map_done = 0  # the items of the map step running now
 
     # -- output -------------------------------------------------------------------------
 
@@ -378,6 +379,13 @@ class Terminal:
 
     def _ev_step(self, ev: Event) -> None:
         p = ev.payload
+        if p.get("item_done"):  # one item of a map step finished (or was reused)
+            self._map_done += 1
+            mark = "+" if p.get("ok", True) else "x"
+            self.say(f"  {mark} {ev.text}  {self._map_done}/{self._map_total}")
+            return
+        if "items" in p:
+            self._map_total, self._map_done = int(p["items"]), 0
         pos = f"{p.get('index', 0) + 1}/{p.get('total', 1)}"
         name = ev.text or ev.step  # Event("step"): the text is the step's name
         head = rule(name) + f"  {pos}"

@@ -200,3 +200,70 @@ def test_incremental_reuses_what_it_may_and_never_an_irreversible_step(model_ser
     rows = [r for r in f.manifest() if r["step"] == "look"]
     assert [r.get("reused") for r in rows] == [None, "cross-run"]
     assert "idempotent=False" in out  # the report says why ship ran
+
+
+def map_env(f: Flower, n: int = 10) -> None:
+    (f.ws / "items").mkdir()
+    for i in range(n):
+        (f.ws / "items" / f"f{i}").write_text(f"item {i}\n")
+    f.env["FLOWER_MEMO_WS"] = str(f.ws)
+
+
+def test_a_map_reruns_only_the_item_that_changed(model_server, flower_env):
+    server = model_server({"conversations": [conv("m-item", ["read."])]})
+    f: Flower = flower_env(server)
+    map_env(f)
+    mark = len(server.requests)
+    code, out = f.run(flow="tests.flows.memo:files", timeout=150)
+    assert code == 0, out
+    assert sent(server, mark) == {"m-item": 10}
+    items = sorted(r["step"] for r in f.manifest() if r["step"].startswith("read["))
+    assert items == sorted(f"read[{i}]" for i in range(10))
+    assert not {"read"} & set(f.lineage()["steps"])  # items are in lineage as read[i] only
+    (f.ws / "items" / "f3").write_text("item three, changed\n")
+    mark = len(server.requests)
+    code, out = f.run(flow="tests.flows.memo:files", timeout=150)
+    assert code == 0, out
+    assert sent(server, mark) == {"m-item": 1}
+    changed = [r for r in server.requests[mark:] if r.conversation == "m-item"]
+    assert any("item three, changed" in x for x in changed[0].texts())
+    f.assert_no_survivors()
+
+
+def test_kill_9_mid_map_resumes_the_unfinished_item_in_its_own_session(model_server, flower_env):
+    from .e2e import kill, wait_until
+
+    server = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "slow",
+                    "match": {"marker": "read f5"},
+                    "turns": [{"text": "read slowly.", "delay": HOLD, "times": 1}, "read."],
+                },
+                conv("m-item", ["read."]),
+            ]
+        }
+    )
+    f: Flower = flower_env(server)
+    map_env(f)
+    proc = f.start(flow="tests.flows.memo:files")
+
+    def nine_done() -> bool:
+        rows = [r for r in f.manifest() if r["step"].startswith("read[") and r["ok"]]
+        return len(rows) == 9
+
+    wait_until(nine_done, 90, "nine items finished, f5 still waiting on the model")
+    doomed = next(r.session_id for r in server.requests if r.conversation == "slow")
+    wait_until(lambda: f.lineage()["steps"].get("read[5]") == doomed, 10, "lineage of read[5]")
+    mark = len(server.requests)
+    kill(proc)
+    f.assert_no_survivors(within=5.0)
+
+    code, out = f.run(flow="tests.flows.memo:files", timeout=150)
+    assert code == 0, out
+    after = sent(server, mark)
+    assert "m-item" not in after, after  # the nine finished items: no request
+    resumed = [r for r in server.requests[mark:] if r.conversation == "slow"]
+    assert resumed and {r.session_id for r in resumed} == {doomed}
+    f.assert_no_survivors()

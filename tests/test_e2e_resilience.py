@@ -117,7 +117,9 @@ def test_outage_is_waited_out_and_the_same_session_resumes(model_server, flower_
     resumed_at = time.time()
     assert resumed_at - dark_at >= OUTAGE, "flower tried again while the server was still dark"
     # A busy loop over the ~30 s wait would burn ~30 CPU seconds; probing and sleeping, ~0.
-    assert cpu_seen[-1] - cpu_before < 1.5, f"the wait used {cpu_seen[-1] - cpu_before:.2f} s CPU"
+    # The bound also holds the new step child's start before its CLI (about 1 s, more when
+    # the machine runs other test jobs beside this one).
+    assert cpu_seen[-1] - cpu_before < 3.0, f"the wait used {cpu_seen[-1] - cpu_before:.2f} s CPU"
 
     code, out = finish(proc, 60)
     assert code == 0, out

@@ -35,7 +35,7 @@ LIGHT = (
 )
 # What `import flower` loads besides itself: the error classes every front end catches.
 EAGER = {"flower", "flower._errors"}
-OUTSIDE_ALL = {"CredentialsError", "Manifest", "read_manifest", "Cache"}  # Cache: issue 11
+OUTSIDE_ALL = {"CredentialsError", "Manifest", "read_manifest", "Cache", "MapStep"}  # issue 11
 
 
 def loaded_after(code: str, cwd: Path = REPO) -> list[str]:

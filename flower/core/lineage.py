@@ -92,6 +92,15 @@ LOCK_TIMEOUT_S = 10.0
 _SUFFIX = re.compile(r"#(?:retry|round)\d+$")
 
 
+def _of(name: str, steps: set[str]) -> bool:
+    """Is the lineage entry ``name`` one of ``steps``'s: a step, or an item of a map step
+    (``read[3]`` belongs to ``read``)?"""
+    if name in steps:
+        return True
+    head, bracket, rest = name.partition("[")
+    return bool(bracket) and rest.endswith("]") and head in steps
+
+
 def bare_name(label: str) -> str | None:
     """The lineage key of a step-attempt label, or None when it must never be recorded.
 
@@ -307,9 +316,9 @@ class Lineage:
             state = None
         self.woke = (state.woke if state else 0) + 1
         file_steps = state.steps if state else {}
-        wanted = {n: sid for n, sid in file_steps.items() if n in mine} if mine else file_steps
+        wanted = {n: sid for n, sid in file_steps.items() if _of(n, mine)} if mine else file_steps
         self.steps = self._alive(wanted)
-        gone = {n: sid for n, sid in file_steps.items() if n in mine and n not in self.steps}
+        gone = {n: sid for n, sid in file_steps.items() if _of(n, mine) and n not in self.steps}
         if gone:
             self._keep_copy_of_gone(gone)
             # Ours to drop: no live flower uses these steps (a start that would is refused),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import time
@@ -53,6 +54,13 @@ define(
 )
 
 __all__ = ["OnEvent", "Runtime"]
+
+
+#: The session callback of the task running a step, when it is not the Runtime's own
+#: ``on_session`` (a map step's items run at once, each recording its own session).
+SESSION_HOOK: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "flower_session_hook", default=None
+)
 
 
 class Runtime:
@@ -98,6 +106,7 @@ class Runtime:
         self.interrupts = Interrupts()
         self.windows: dict[str, Window] = {}  # the CLI's real windows, learned per model
         self.in_flight: StepLoop | None = None  # the step running now (rescue() writes it)
+        self._flying: list[StepLoop] = []  # every step running now (a map's items run at once)
         # Credentials first: a start refused for want of a key leaves no run_dir behind.
         load_dotenv(self.workspace, Path.cwd())
         check_credentials()
@@ -270,11 +279,13 @@ class Runtime:
             on_event=on_event,
             windows=self.windows,
         )
+        self._flying.append(loop)
         self.in_flight = loop
         try:
             result = await loop.run()
         finally:
-            self.in_flight = None
+            self._flying.remove(loop)
+            self.in_flight = self._flying[-1] if self._flying else None
         return self._finish(result)
 
     def prepare(self, calls: Sequence[StepCall]) -> None:
@@ -332,9 +343,10 @@ class Runtime:
     def _session_seen(self, sid: str) -> None:
         """The instant a session id is known: lineage first (the hard-kill invariant), then
         the registry record ``status`` reads."""
-        if self.on_session is not None:
+        hook = SESSION_HOOK.get() or self.on_session  # a map item's own, else the step's
+        if hook is not None:
             try:
-                self.on_session(sid)
+                hook(sid)
             except Exception:
                 log.warning("%s", t("runtime.session_unrecorded", session=sid), exc_info=True)
         self.note(session_id=sid)
@@ -344,15 +356,18 @@ class Runtime:
 
         Only small synchronous writes; the caller then stops the placement and dies.
         """
-        loop, self.in_flight = self.in_flight, None
-        if loop is None:
-            return None
-        res = loop.result
-        res.ok, res.error = False, KILLED_BY_SIGNAL
-        res.attempts = max(1, loop.attempt)
-        res.context = loop.ctx or res.context
-        res.ended_at = time.time()
-        return self._finish(res)
+        flying = list(self._flying) or ([self.in_flight] if self.in_flight else [])
+        self._flying.clear()
+        self.in_flight = None
+        last: StepResult | None = None
+        for loop in flying:  # one row each (a map runs several items at once)
+            res = loop.result
+            res.ok, res.error = False, KILLED_BY_SIGNAL
+            res.attempts = max(1, loop.attempt)
+            res.context = loop.ctx or res.context
+            res.ended_at = time.time()
+            last = self._finish(res)
+        return last
 
     # -- interrupts -------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Workflows: steps in order, state through ctx, continuity by default; the starter flow."""
 
-from .base import Ctx, Step, StepAbort, Workflow
+from .base import Ctx, MapStep, Step, StepAbort, Workflow
 from .goal import (
     BRIEF_KEY,
     CLARIFY_RESUME,
@@ -24,6 +24,7 @@ __all__ = [
     "VERDICT_KEY",
     "VERIFY_PROMPT",
     "Ctx",
+    "MapStep",
     "Step",
     "StepAbort",
     "Workflow",

@@ -123,6 +123,56 @@ class Step:
 
 
 @dataclass
+class MapStep(Step):
+    """One step over many items (seed 004's map): one child per item, at most
+    ``concurrency`` at once, each item with its own input hash, session and cache entry.
+
+    ``prompt(ctx, item)`` says what each item's agent is told; ``over`` is the ctx key of the
+    items or a callable ``over(ctx) -> items``. The items' results join into ``ctx[name]``
+    as a list of their texts, in input order, or whatever ``reduce(results, ctx)`` makes of
+    the list of ``StepResult``s. Item ``i`` runs as ``name[i]`` (its manifest label and its
+    lineage key; never the bare name); a failed item is not cached, and the map step fails
+    once every item has run. A restart runs only the items that did not finish, each
+    continuing its own session.
+    """
+
+    prompt: Any = None  # (ctx, item) -> str
+    over: str | Callable[[Ctx], Any] = ""
+    concurrency: int = 4
+    reduce: Any = None  # (list[StepResult], ctx) -> Any
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not callable(self.prompt):
+            raise ConfigError(
+                f"map step {self.name!r}: prompt must be a function (ctx, item) -> str",
+                hint="MapStep(name, spec, prompt=lambda ctx, item: f'... {item}', over=...)",
+            )
+        if not (isinstance(self.over, str) and self.over) and not callable(self.over):
+            raise ConfigError(
+                f"map step {self.name!r}: over must name a ctx key or be a function of ctx",
+                hint='over="files" or over=lambda ctx: ctx["files"]',
+            )
+        if self.concurrency < 1:
+            raise ConfigError(
+                f"map step {self.name!r}: concurrency must be at least 1",
+                hint="concurrency=4 (the default)",
+            )
+
+    def items(self, ctx: Ctx) -> list[Any]:
+        source = ctx.get(self.over) if isinstance(self.over, str) else self.over(ctx)
+        if source is None:
+            raise ConfigError(
+                f"map step {self.name!r}: ctx has no {self.over!r} to map over",
+                hint="an earlier step must put the items there (its reduce, or ctx)",
+            )
+        return list(source)
+
+    def item_label(self, i: int) -> str:
+        return f"{self.name}[{i}]"
+
+
+@dataclass
 class Workflow:
     """Steps in order; ``run`` returns the final ctx."""
 
@@ -259,6 +309,8 @@ class _Run:
         ctx = self.ctx
         if step.when is not None and not await _maybe_await(step.when(ctx)):
             return True
+        if isinstance(step, MapStep):
+            return await self._run_map(index, step)
         prompt = step.render(ctx)
         parts = input_parts(
             self.wf.name,
@@ -304,6 +356,121 @@ class _Run:
             self.on_step(step, result)
         return passed or step.on_fail != "stop"
 
+    async def _run_map(self, index: int, step: MapStep) -> bool:
+        """A map step: its items side by side, each reused, restored or run on its own."""
+        import asyncio
+
+        from ..core.runtime import SESSION_HOOK
+
+        ctx, rt = self.ctx, self.rt
+        items = step.items(ctx)
+        scope = memo.scope_of(step, self.wf)
+        self._step_event(index, step, resumed=False, items=len(items))
+        gate = asyncio.Semaphore(step.concurrency)
+        results: list[StepResult | None] = [None] * len(items)
+
+        async def one(i: int, item: Any) -> None:
+            label = step.item_label(i)
+            prompt = str(step.prompt(ctx, item))
+            shape = _ItemShape(label, step)
+            parts = input_parts(
+                self.wf.name,
+                shape,
+                prompt,
+                index=index,
+                args={"context": jsonable(self.wf.context), "ask": ctx.get("_ask")},
+                workspace=str(rt.workspace),
+            )
+            digest = hash_of(parts)
+            done = self.prior.completed.get(label) if self.prior else None
+            if scope != "off" and done and done.get("hash") == digest:
+                result = StepResult.from_dict(done["result"])
+                rt.record_reused(result, "run-only")
+                self._explain(
+                    shape,
+                    "reused",
+                    "run-only",
+                    t("memo.why.same_in_run", run=self.prior.run if self.prior else "?"),
+                    result.cost_usd,
+                )
+                self._item_done(step, label, digest, result, parts)
+                results[i] = result
+                return
+            cross = (
+                memo.CrossRun.open(rt.run_dir, rt.workspace, self.wf.name, shape, digest)
+                if scope == "cross-run"
+                else None
+            )
+            if cross is not None and cross.hit is not None:
+                result = StepResult.from_dict(cross.hit.result)
+                result.step = label
+                rt.record_reused(result, "cross-run")
+                why = t("memo.why.same_cross", run=cross.hit.result.get("run") or "?")
+                self._explain(shape, "reused", "cross-run", why, result.cost_usd)
+                self._item_done(step, label, digest, result, parts)
+                results[i] = result
+                return
+            why = self._why_run(shape, scope, parts, cross)
+            async with gate:
+                resume = self.lineage_sessions.get(label) if self.wf.continuous else None
+                # Cut off mid-way last time (a session, never completed): the neutral
+                # "you were interrupted" text; an item that changed: its new prompt.
+                cut = resume is not None and self.prior is not None and not done
+                text = rt.resilience.resume_prompt if cut else prompt
+                token = SESSION_HOOK.set(lambda sid: self._remember(label, label, sid))
+                try:
+                    with self._no_retry(step):
+                        result = await rt.run(
+                            step.spec, text, step_name=label, resume=resume, on_event=self.on_event
+                        )
+                finally:
+                    SESSION_HOOK.reset(token)
+            if result.session_id:
+                self._remember(label, label, result.session_id)
+            results[i] = result
+            outcome = "ran" if result.ok else "failed"
+            self._explain(shape, outcome, scope, why, result.cost_usd)
+            if result.ok:
+                self._item_done(step, label, digest, result, parts)
+                if cross is not None:
+                    cross.store_result(result, result.text, parts, rt.run_id)
+
+        await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
+        finished = [r for r in results if r is not None]
+        passed = len(finished) == len(items) and all(r.ok for r in finished)
+        summary = _map_result(step, finished, passed)
+        ctx["_results"][step.name] = summary
+        if passed:
+            value = step.reduce(finished, ctx) if step.reduce else [r.text for r in finished]
+            ctx[step.name] = value
+        elif step.on_fail == "continue":
+            ctx[step.name] = [r.text for r in finished]
+        elif step.on_fail == "stop":
+            ctx["_failed_at"] = step.name
+        if self.on_step:
+            self.on_step(step, summary)
+        return passed or step.on_fail != "stop"
+
+    def _item_done(
+        self, step: MapStep, label: str, digest: str, result: StepResult, parts: dict[str, str]
+    ) -> None:
+        rec = self.rt.record
+        if rec is not None:
+            rec.completed[label] = {
+                "hash": digest,
+                "result": result.to_dict(),
+                "value": result.text,
+                "parts": parts,
+            }
+            self.rt.note()
+        self._emit(
+            Event(
+                "step",
+                label,
+                payload={"step": label, "map": step.name, "item_done": True, "ok": result.ok},
+            )
+        )
+
     def _no_retry(self, step: Step) -> Any:
         """An ``idempotent=False`` step gets one attempt: no automatic retry of an
         irreversible action (its own ``retries`` and the API retries alike)."""
@@ -329,7 +496,7 @@ class _Run:
         return step.name in done or (self.prior is not None and self.prior.in_flight == step.name)
 
     def _why_run(
-        self, step: Step, scope: str, parts: dict[str, str], cross: memo.CrossRun | None
+        self, step: Any, scope: str, parts: dict[str, str], cross: memo.CrossRun | None
     ) -> str:
         """Why this step is sent to the model (the reuse report's words)."""
         if scope == "off":
@@ -356,7 +523,7 @@ class _Run:
                 return t("memo.why.not_cacheable", why=reason)
         return t("memo.why.never")
 
-    def _explain(self, step: Step, outcome: str, scope: str, why: str, cost: float) -> None:
+    def _explain(self, step: Any, outcome: str, scope: str, why: str, cost: float) -> None:
         entry: dict[str, Any] = {"step": step.name, "outcome": outcome, "scope": scope, "why": why}
         entry["cost_usd" if outcome != "reused" else "saved_usd"] = round(cost, 6)
         self.report.append(entry)
@@ -562,3 +729,34 @@ def _now() -> float:
     import time
 
     return time.time()
+
+
+class _ItemShape:
+    """One map item as the input hash and the cache see it: its label, the map's agent and
+    policy (so an item is hashed, stored and explained like a step of its own)."""
+
+    def __init__(self, label: str, step: MapStep) -> None:
+        self.name = label
+        self.spec = step.spec
+        self.cache = step.cache
+        self.idempotent = step.idempotent
+        self.gate = step.gate
+        self.resume_from: str | None = None
+        self.fork = False
+
+
+def _map_result(step: MapStep, results: list[StepResult], passed: bool) -> StepResult:
+    """The map step as one result (its items' rows are in the manifest already)."""
+    errors = [f"{r.step}: {r.error}" for r in results if not r.ok and r.error]
+    return StepResult(
+        step=step.name,
+        ok=passed,
+        cost_usd=round(sum(r.cost_usd for r in results), 6),
+        num_turns=sum(r.num_turns for r in results),
+        text="\n".join(r.text for r in results),
+        error="; ".join(errors) or (None if passed else "not every item finished"),
+        started_at=min((r.started_at for r in results), default=0.0),
+        ended_at=max((r.ended_at for r in results), default=0.0),
+        attempts=max((r.attempts for r in results), default=0),
+        errors=errors,
+    )

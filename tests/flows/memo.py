@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from flower import Cache
+import os
+from pathlib import Path
+
+from flower import Cache, MapStep
 from flower.core.agent import AgentSpec
 from flower.workflow import Step, Workflow, with_goal
 
@@ -58,4 +61,21 @@ inc = Workflow(
     ],
     name="inc",
     incremental=True,
+)
+
+WS = Path(os.environ.get("FLOWER_MEMO_WS", "."))  # the test's workspace (items/ in it)
+
+# A map over the files of items/ (sorted): each item one child, two at a time, cross-run.
+files = Workflow(
+    [
+        MapStep(
+            "read",
+            hands,
+            prompt=lambda ctx, item: f"[[m-item]] read {item}: {(WS / 'items' / item).read_text()}",
+            over=lambda ctx: sorted(p.name for p in (WS / "items").iterdir()),
+            concurrency=2,
+            cache=Cache("cross-run"),
+        ),
+    ],
+    name="files",
 )
