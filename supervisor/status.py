@@ -62,6 +62,7 @@ define(
             "      接着做: cd {cwd} && {command}",
             "      resume: cd {cwd} && {command}",
         ),
+        "status.map_items": ("      {step}:{done} 项已完成", "      {step}: {done} items done"),
         "status.commands": ("      命令: {commands}", "      commands: {commands}"),
         "status.rows": ("最近 {n} 行 manifest", "last {n} manifest rows"),
         "status.row": (
@@ -130,6 +131,7 @@ class FlowerView:
             "resume": shlex.join(self.resume_command) if self.resume_command else None,
             "commands": self.commands,
             "reuse": summary(r.reuse) if r.reuse else None,
+            "map_items_done": _map_items(r),
         }
 
 
@@ -330,6 +332,8 @@ def _flower_lines(f: FlowerView) -> list[str]:
         elapsed=_dur(_elapsed(r, f.alive)),
     )
     out = [head, detail]
+    for name, done in _map_items(r).items():  # a map step's items: how many are done
+        out.append(t("status.map_items", step=name, done=done))
     out += ["   " + line for line in report_lines(r.reuse)]  # seed 004: what was reused, and why
     if f.commands:
         out.append(t("status.commands", commands="  ·  ".join(f.commands)))
@@ -337,6 +341,16 @@ def _flower_lines(f: FlowerView) -> list[str]:
         out.append(
             t("status.resume", cwd=shlex.quote(r.cwd or "."), command=shlex.join(f.resume_command))
         )
+    return out
+
+
+def _map_items(r: FlowerRecord) -> dict[str, int]:
+    """Map steps of the run and how many of their items (``name[i]``) are done."""
+    out: dict[str, int] = {}
+    for label in r.completed:
+        head, bracket, rest = label.partition("[")
+        if bracket and rest.endswith("]") and rest[:-1].isdigit():
+            out[head] = out.get(head, 0) + 1
     return out
 
 

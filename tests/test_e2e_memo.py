@@ -256,6 +256,9 @@ def test_kill_9_mid_map_resumes_the_unfinished_item_in_its_own_session(model_ser
     wait_until(nine_done, 90, "nine items finished, f5 still waiting on the model")
     doomed = next(r.session_id for r in server.requests if r.conversation == "slow")
     wait_until(lambda: f.lineage()["steps"].get("read[5]") == doomed, 10, "lineage of read[5]")
+    _, js = f.status_json()  # per-item progress of the live map
+    (live,) = [fl for fl in js["flowers"] if fl["alive"]]
+    assert live["map_items_done"] == {"read": 9}, live
     mark = len(server.requests)
     kill(proc)
     f.assert_no_survivors(within=5.0)
