@@ -37,6 +37,7 @@ WEIGHT = {
     "test_e2e_ledger.py": 180,
     "test_e2e_resilience.py": 110,
     "test_e2e_damaged.py": 72,
+    "test_e2e_memo.py": 60,
     "test_e2e_prepare.py": 55,
     "test_e2e_flower.py": 53,
     "test_e2e_kill.py": 47,

@@ -19,6 +19,7 @@ from ..core.agent import AgentSpec
 from ..core.call import StepCall
 from ..core.registry import Registry
 from ..core.result import Event, StepResult, jsonable
+from ..core.reuse import why as reason
 from ..i18n import define, t
 from . import memo
 from .memo import Cache
@@ -390,7 +391,7 @@ class _Run:
                     shape,
                     "reused",
                     "run-only",
-                    t("memo.why.same_in_run", run=self.prior.run if self.prior else "?"),
+                    reason("memo.why.same_in_run", run=self.prior.run if self.prior else "?"),
                     result.cost_usd,
                 )
                 self._item_done(step, label, digest, result, parts)
@@ -405,7 +406,7 @@ class _Run:
                 result = StepResult.from_dict(cross.hit.result)
                 result.step = label
                 rt.record_reused(result, "cross-run")
-                why = t("memo.why.same_cross", run=cross.hit.result.get("run") or "?")
+                why = reason("memo.why.same_cross", run=cross.hit.result.get("run") or "?")
                 self._explain(shape, "reused", "cross-run", why, result.cost_usd)
                 self._item_done(step, label, digest, result, parts)
                 results[i] = result
@@ -497,33 +498,35 @@ class _Run:
 
     def _why_run(
         self, step: Any, scope: str, parts: dict[str, str], cross: memo.CrossRun | None
-    ) -> str:
+    ) -> dict[str, Any]:
         """Why this step is sent to the model (the reuse report's words)."""
         if scope == "off":
             if not step.idempotent:
-                return t("memo.why.not_idempotent")
-            return t("memo.why.off")
+                return reason("memo.why.not_idempotent")
+            return reason("memo.why.off")
         before = self.prior.completed.get(step.name) if self.prior else None
         old = (before or {}).get("parts") or (cross.last_parts if cross is not None else None)
         if cross is not None and cross.last_fingerprints is not None:
             moved = memo.changed_inputs(cross.last_fingerprints, cross.fingerprints)
             if moved:
-                return t("memo.why.changed", what=", ".join(moved))
+                return reason("memo.why.changed", what=", ".join(moved))
         if old:
             moved = memo.changed_inputs(old, parts)
             if moved:
-                return t("memo.why.changed", what=", ".join(moved))
+                return reason("memo.why.changed", what=", ".join(moved))
             if cross is not None:
-                return t("memo.why.expired")
+                return reason("memo.why.expired")
         if self.prior is not None and self.prior.in_flight == step.name:
-            return t("memo.why.unfinished")
+            return reason("memo.why.unfinished")
         if scope == "run-only" and step.cache is None and self.wf.incremental:
-            reason = memo.why_not_cross_run(step)
-            if reason:
-                return t("memo.why.not_cacheable", why=reason)
-        return t("memo.why.never")
+            key = memo.why_not_cross_run_key(step)
+            if key:
+                return reason("memo.why.not_cacheable", why=reason(key))
+        return reason("memo.why.never")
 
-    def _explain(self, step: Any, outcome: str, scope: str, why: str, cost: float) -> None:
+    def _explain(
+        self, step: Any, outcome: str, scope: str, why: dict[str, Any], cost: float
+    ) -> None:
         entry: dict[str, Any] = {"step": step.name, "outcome": outcome, "scope": scope, "why": why}
         entry["cost_usd" if outcome != "reused" else "saved_usd"] = round(cost, 6)
         self.report.append(entry)
@@ -648,7 +651,7 @@ class _Run:
         self._step_event(index, step, resumed=False, reused=True, run=run, cache="run-only")
         self.rt.record_reused(result, "run-only")
         self._explain(
-            step, "reused", "run-only", t("memo.why.same_in_run", run=run), result.cost_usd
+            step, "reused", "run-only", reason("memo.why.same_in_run", run=run), result.cost_usd
         )
         if self.on_step:
             self.on_step(step, result)
@@ -667,7 +670,7 @@ class _Run:
         self._completed(step, digest, result, hit.ctx_value, parts, write=False)
         self._step_event(index, step, resumed=False, reused=True, cache="cross-run")
         self.rt.record_reused(result, "cross-run")
-        why = t("memo.why.same_cross", run=hit.result.get("run") or "?")
+        why = reason("memo.why.same_cross", run=hit.result.get("run") or "?")
         self._explain(step, "reused", "cross-run", why, result.cost_usd)
         if self.on_step:
             self.on_step(step, result)

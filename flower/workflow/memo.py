@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..i18n import define
+from ..core import reuse as _reuse  # noqa: F401 - defines the report texts this module uses
 
 if TYPE_CHECKING:
     from ..core.result import StepResult
@@ -37,40 +37,6 @@ Workflow = Any
 
 SCOPES = ("run-only", "cross-run", "off")
 
-define(
-    {
-        "memo.why.same_in_run": (
-            "上次的运行 {run} 做完了它,输入没变",
-            "the unfinished run {run} completed it with the same input",
-        ),
-        "memo.why.same_cross": (
-            "运行 {run} 用同样的输入和指纹算过它",
-            "run {run} computed it with the same input and fingerprints",
-        ),
-        "memo.why.changed": ("变了:{what}", "changed: {what}"),
-        "memo.why.never": ("从没跑过", "never ran"),
-        "memo.why.unfinished": ("上次没跑完", "it did not finish last time"),
-        "memo.why.expired": ("缓存的结果过期了或不在了", "the stored result expired or is gone"),
-        "memo.why.off": ("缓存关着(scope=off)", "caching is off for it (scope=off)"),
-        "memo.why.not_idempotent": (
-            "不可缓存:idempotent=False",
-            "not cacheable: idempotent=False",
-        ),
-        "memo.why.not_cacheable": ("不能跨运行复用:{why}", "not cacheable across runs: {why}"),
-        "memo.no_cross.idempotent": (
-            "idempotent=False:它的副作用不可逆",
-            "idempotent=False: its side effects are irreversible",
-        ),
-        "memo.no_cross.gate": (
-            "它有 gate(被判定的步骤):上周的判定不是今天的",
-            "it has a gate (a judged step): last week's verdict is not today's",
-        ),
-        "memo.no_cross.human": (
-            "它要和人说话(带着 HumanChannel 的工具)",
-            "it talks to a person (a HumanChannel's tools)",
-        ),
-    }
-)
 HUMAN_SERVER = "human"  # HumanChannel.mcp_servers()'s key
 
 
@@ -99,12 +65,19 @@ def why_not_cross_run(step: Step) -> str | None:
     """Why ``step`` can never be reused across runs (None: it can)."""
     from ..i18n import t
 
+    key = why_not_cross_run_key(step)
+    return t(key) if key else None
+
+
+def why_not_cross_run_key(step: Step) -> str | None:
+    """The catalogue key of :func:`why_not_cross_run`'s answer (stored in reports, which
+    are shown later, maybe in another language)."""
     if not step.idempotent:
-        return t("memo.no_cross.idempotent")
+        return "memo.no_cross.idempotent"
     if step.gate is not None:
-        return t("memo.no_cross.gate")
+        return "memo.no_cross.gate"
     if human_facing(step):
-        return t("memo.no_cross.human")
+        return "memo.no_cross.human"
     return None
 
 
