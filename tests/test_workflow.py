@@ -307,3 +307,16 @@ def test_a_start_refused_for_another_workspace_leaves_no_record(tmp_path):
         run(Workflow([Step("a", SPEC, "a")]), rt)
     assert [r.run for r in Registry(runs).records()] == [holder.run]
     assert rt.calls == []
+
+
+def test_an_irreversible_step_gets_one_attempt_and_is_run_again_with_a_warning(tmp_path, caplog):
+    wf = Workflow([Step("a", SPEC, "a"), Step("deploy", SPEC, "ship", retries=2, idempotent=False)])
+    rt = FakeRuntime(tmp_path, {"deploy": ["boom"]})
+    run(wf, rt)
+    assert labels(rt) == ["a", "deploy"]  # no deploy#retry1: never retried automatically
+    rt = FakeRuntime(tmp_path)
+    with caplog.at_level("WARNING", logger="flower"):
+        run(wf, rt)
+    assert labels(rt) == ["deploy"]  # a is reused; deploy runs again, and says so once
+    said = [r.getMessage() for r in caplog.records if "deploy" in r.getMessage()]
+    assert len(said) == 1 and "idempotent=False" in said[0], said

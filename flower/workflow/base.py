@@ -542,7 +542,8 @@ class _Run:
         resume_cur, fork_cur = resume, step.fork
         result: StepResult | None = None
         passed = False
-        for attempt in range(step.retries + 1):
+        retries = step.retries if step.idempotent else 0  # an irreversible step: one go
+        for attempt in range(retries + 1):
             label = step.label(attempt)
             rt.on_session = lambda sid, label=label: self._remember(step.name, label, sid)
             try:
