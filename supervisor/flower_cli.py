@@ -480,7 +480,7 @@ def _read_ask(waking: bool) -> str:
 
 
 def _go(args: argparse.Namespace) -> int:
-    from flower.workflow.starter import NO_ASK, NOT_GIT, wake_state
+    from flower.workflow.starter import NO_ASK, NOT_GIT, in_git, wake_state
 
     from .flows import starter
     from .start import StartArgs, run_start
@@ -490,7 +490,7 @@ def _go(args: argparse.Namespace) -> int:
         raise Stop(t("cli.bad_window", value=args.window), code=2)
     ws = _workspace(args)
     run_dir = _run_dir(args)
-    if args.isolate and not _in_git(ws):
+    if args.isolate and not in_git(ws):
         raise Stop(t("cli.not_git", ws=ws))
     _credentials(args, ws)
     new = bool(args.new)
@@ -585,10 +585,6 @@ def _go_command(args: argparse.Namespace, ws: Path, run_dir: Path) -> list[str]:
     if args.window:
         cmd += ["--window", str(args.window)]
     return cmd
-
-
-def _in_git(path: Path) -> bool:
-    return any((p / ".git").exists() for p in (path, *path.parents))
 
 
 def _run(args: argparse.Namespace) -> int:

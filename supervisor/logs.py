@@ -28,8 +28,9 @@ from flower.i18n import define, t
 from flower.util.sanitize import clean
 
 from .cancel import find_run
+from .columns import width as cols
 from .eventlog import events_path
-from .show import cols, echo, one_line
+from .show import echo, one_line
 from .status import state_of
 
 POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us

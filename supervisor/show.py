@@ -28,9 +28,7 @@ it has committed is what is shown. Nothing here imports the SDK.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,8 @@ from flower.stores import SESSIONS_DB
 from flower.util.sanitize import clean
 
 from .cancel import find_run
+from .columns import fit, line_width
+from .columns import width as cols
 from .status import state_of
 
 CALL_CHARS = 120  # a tool call's argument, cut
@@ -420,23 +420,9 @@ def summary(args: dict[str, Any]) -> str:
 # -- text ------------------------------------------------------------------------------
 
 
-def cols(text: str) -> int:
-    """Terminal columns: East Asian wide and full-width characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
 def one_line(text: str, limit: int) -> str:
     """The first line of ``text``, cleaned, cut to ``limit`` columns."""
-    line = clean(text).strip().split("\n", 1)[0].replace("\t", " ")
-    if cols(line) <= limit:
-        return line
-    out, used = [], 0
-    for c in line:
-        used += cols(c)
-        if used > limit - 1:
-            break
-        out.append(c)
-    return "".join(out) + "…"
+    return fit(clean(text).strip().split("\n", 1)[0].replace("\t", " "), limit)
 
 
 def render_target(target: Target, turns: list[dict[str, Any]], width: int) -> list[str]:
@@ -578,7 +564,7 @@ def _step_doc(run_dir: Path, target: Target) -> dict[str, Any]:
 
 
 def terminal_width() -> int:
-    return max(40, min(MAX_WIDTH, shutil.get_terminal_size((80, 24)).columns))
+    return line_width(MAX_WIDTH)
 
 
 # -- the command -----------------------------------------------------------------------

@@ -25,10 +25,8 @@ import collections
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import time
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -37,10 +35,12 @@ from flower.core.result import Event, StepResult
 from flower.i18n import define, t
 from flower.util.sanitize import clean
 
+from .columns import cut, fit, line_width, width
+from .oracle import is_question
 from .placement import DIED
 
 RULE_WIDTH = 38
-MIN_WIDTH, MAX_WIDTH = 40, 110
+MAX_WIDTH = 110  # the reference: max(40, min(terminal columns, 110))
 # Seconds between two status lines while one step runs (FLOWER_STATUS_EVERY overrides).
 STATUS_EVERY_S = 30.0
 RED, DIM, RESET = "\x1b[31m", "\x1b[2m", "\x1b[0m"
@@ -161,11 +161,6 @@ define(
 )
 
 
-def width(text: str) -> int:
-    """Terminal columns: East Asian wide and full-width characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
 def rule(name: str) -> str:
     """seed 000's step header ``== 干活 =====…``, RULE_WIDTH columns wide (at least ``===``)."""
     head = f"== {name} "
@@ -189,12 +184,6 @@ def clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def line_width() -> int:
-    """The reference's width: ``max(40, min(terminal columns, 110))``."""
-    cols = shutil.get_terminal_size((80, 24)).columns
-    return max(MIN_WIDTH, min(cols, MAX_WIDTH))
-
-
 def wrap(text: str, cols: int, indent: str = "  ") -> list[str]:
     """``text`` cut into lines of at most ``cols`` columns (wide characters count two),
     each prefixed with ``indent``; breaks at spaces when it can."""
@@ -210,7 +199,7 @@ def wrap(text: str, cols: int, indent: str = "  ") -> list[str]:
                 word = word.lstrip()
                 w = width(word)
             while w > room:  # one word wider than the line: cut it
-                head, rest = _cut(word, room)
+                head, rest = cut(word, room)
                 out.append(indent + head)
                 word, w = rest, width(rest)
             line += word
@@ -224,7 +213,7 @@ def _words(text: str) -> list[str]:
     words: list[str] = []
     cur = ""
     for c in text:
-        if c == " " or unicodedata.east_asian_width(c) in "WF":
+        if c == " " or width(c) == 2:
             if cur:
                 words.append(cur)
             cur = c
@@ -236,15 +225,6 @@ def _words(text: str) -> list[str]:
     if cur:
         words.append(cur)
     return words
-
-
-def _cut(word: str, room: int) -> tuple[str, str]:
-    used = 0
-    for i, c in enumerate(word):
-        used += width(c)
-        if used > room:
-            return word[:i], word[i:]
-    return word, ""
 
 
 @dataclass
@@ -275,7 +255,7 @@ class Terminal:
         self.channel: Any = None  # the flow's HumanChannel: its questions are answered here
         self.oracle: Any = None  # supervisor.oracle.Oracle: where ``?`` lines go
         self.rt: Any = None  # the Runtime, for the cost so far
-        self.cols = line_width()
+        self.cols = line_width(MAX_WIDTH)
         self.stdin_tty = _isatty_fd(stdin_fd)
         self.interactive = _isatty(self.out) and self.stdin_tty
         self.colour = _isatty(self.out) and not os.environ.get("NO_COLOR")
@@ -412,10 +392,7 @@ class Terminal:
         if ev.tool.startswith("mcp__human__"):
             return  # questions and the inbox have their own lines
         bar = "| " if ev.payload.get("subagent") else ""
-        text = " ".join(clean(ev.text).split())
-        room = max(10, self.cols - width(ev.tool) - 8)
-        if width(text) > room:
-            text = _cut(text, room - 1)[0] + "…"
+        text = fit(" ".join(clean(ev.text).split()), max(10, self.cols - width(ev.tool) - 8))
         self.say("  " + bar + t("term.tool", tool=ev.tool, text=text))
 
     def _ev_tool_result(self, ev: Event) -> None:
@@ -423,7 +400,7 @@ class Terminal:
         if not (is_error or self.verbose):
             return  # by default only a failing tool result is shown
         first = next((x for x in clean(ev.text).splitlines() if x.strip()), "")
-        first = _cut(first, max(10, self.cols - 16))[0]
+        first = cut(first, max(10, self.cols - 16))[0]
         if is_error:
             tool = str(ev.payload.get("tool") or ev.tool or "tool")
             self.say("  " + t("term.tool_error", tool=tool, text=first), colour=RED)
@@ -464,7 +441,7 @@ class Terminal:
                 label = t(f"term.handoff.{key}")
                 text = " ".join(clean(str(summary.get(key) or "—")).split())
                 room = max(10, self.cols - 6 - max(width(label), 10))
-                text = text if width(text) <= room else _cut(text, room - 1)[0] + "…"
+                text = fit(text, room)
                 self.say(f"  - {label}{' ' * max(1, 12 - width(label))}{text}")
             if p.get("degraded"):
                 self.say(t("term.handoff.degraded"), colour=RED)
@@ -739,7 +716,7 @@ class Terminal:
             self._dispatch(line or "")
 
     def _dispatch(self, line: str) -> None:
-        question = _side_question(line)
+        question = is_question(line)
         if question is not None:
             self._to_oracle(question)
             return
@@ -783,14 +760,6 @@ class Terminal:
             with contextlib.suppress(OSError, ValueError, RuntimeError):
                 asyncio.get_running_loop().remove_reader(self.stdin_fd)
         self._reading = False
-
-
-def _side_question(line: str) -> str | None:
-    """The question of a line for the oracle (``?`` or full-width ``？`` first), else None."""
-    s = line.lstrip()
-    if s[:1] in ("?", "？"):
-        return s[1:].strip()
-    return None
 
 
 def pick(line: str | None, options: list[str]) -> str | None:

@@ -220,3 +220,72 @@ def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
     except ValueError:
         proc.wait(timeout=30)
     return proc.returncode
+
+
+class Pty:
+    """A command on a pseudo-terminal that is its controlling terminal, as under a shell
+    (so a typed ``^C`` signals it alone); collects what it prints. Reaped with ``f``."""
+
+    def __init__(
+        self,
+        f: Flower,
+        argv: list[str],
+        *,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        import pty
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd or f.root,
+            env=env or f.env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            preexec_fn=_controlling_tty,
+            close_fds=True,
+        )
+        f.procs.append(self.proc)
+        os.close(slave)
+        self.raw = b""
+
+    def pump(self) -> str:
+        """Everything printed so far (reads what is waiting, never blocks)."""
+        import fcntl
+
+        fcntl.fcntl(self.master, fcntl.F_SETFL, os.O_NONBLOCK)
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            self.raw += data
+        return self.raw.decode("utf-8", "replace")
+
+    def expect(self, text: str, timeout: float = 60) -> None:
+        wait_until(lambda: text in self.pump(), timeout, f"{text!r} on the terminal")
+
+    def type(self, data: str | bytes) -> None:
+        os.write(self.master, data.encode() if isinstance(data, str) else data)
+
+    def wait(self, timeout: float = 120) -> int:
+        wait_until(
+            lambda: self.pump() is not None and self.proc.poll() is not None, timeout, "exit"
+        )
+        self.pump()
+        return self.proc.wait(timeout=1)
+
+    def close(self) -> None:
+        os.close(self.master)
+
+
+def _controlling_tty() -> None:
+    import fcntl
+    import termios
+
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)

@@ -7,15 +7,9 @@ alone, which then decides what the child gets.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import subprocess
-import termios
-import time
-
 import pytest
 
+from . import e2e
 from .e2e import Flower, attempt_child, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # real CLI turns plus a resumed run
@@ -24,59 +18,9 @@ FLOW = "tests.flows.basic:one"
 SENTENCE = "也顺便把 README 更新一下"
 
 
-class Pty:
-    """flower-super on a pseudo-terminal; collects what it prints."""
-
-    def __init__(self, f: Flower, flow: str = FLOW) -> None:
-        self.master, slave = pty.openpty()
-        cmd = f.argv("start", "--flow", flow, "-w", str(f.ws), "-r", str(f.runs))
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=f.root,
-            env=f.env,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            preexec_fn=_controlling_tty,
-            close_fds=True,
-        )
-        f.procs.append(self.proc)
-        os.close(slave)
-        self.out = b""
-
-    def pump(self) -> str:
-        while True:
-            try:
-                fcntl.fcntl(self.master, fcntl.F_SETFL, os.O_NONBLOCK)
-                data = os.read(self.master, 65536)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            self.out += data
-        return self.out.decode("utf-8", "replace")
-
-    def type(self, data: bytes) -> None:
-        os.write(self.master, data)
-
-    def expect(self, text: str, timeout: float = 30) -> None:
-        wait_until(lambda: text in self.pump(), timeout, f"{text!r} on the terminal")
-
-    def wait(self, timeout: float = 60) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            self.pump()
-            time.sleep(0.02)
-        self.pump()
-        return self.proc.wait(timeout=1)
-
-    def close(self) -> None:
-        os.close(self.master)
-
-
-def _controlling_tty() -> None:
-    os.setsid()
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+def Pty(f: Flower, flow: str = FLOW) -> e2e.Pty:
+    """flower-super start on a pseudo-terminal."""
+    return e2e.Pty(f, f.argv("start", "--flow", flow, "-w", str(f.ws), "-r", str(f.runs)))
 
 
 def script(turns: list) -> dict:

@@ -20,8 +20,8 @@ import pytest
 
 from flower.testing.model_server import ModelServer
 
-from .e2e import Flower, wait_until
-from .test_e2e_ctrlc import _controlling_tty
+from . import e2e
+from .e2e import Flower
 from .test_e2e_starter import (
     ASK,
     ASKS_FIRST,
@@ -133,58 +133,11 @@ def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archiv
     f.assert_no_survivors()
 
 
-class Pty:
-    """``flower`` on a pseudo-terminal (its controlling terminal, as under a shell)."""
-
-    def __init__(self, f: Flower, *args: str) -> None:
-        import os
-        import pty
-
-        self.os = os
-        self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args],
-            cwd=f.ws,
-            env={**f.env, "COLUMNS": "100", "FLOWER_STATUS_EVERY": "2"},
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            preexec_fn=_controlling_tty,
-            close_fds=True,
-        )
-        f.procs.append(self.proc)
-        os.close(slave)
-        self.raw = b""
-
-    def pump(self) -> str:
-        import fcntl
-
-        fcntl.fcntl(self.master, fcntl.F_SETFL, self.os.O_NONBLOCK)
-        while True:
-            try:
-                data = self.os.read(self.master, 65536)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            self.raw += data
-        return self.raw.decode("utf-8", "replace")
-
-    def expect(self, text: str, timeout: float = 60) -> None:
-        wait_until(lambda: text in self.pump(), timeout, f"{text!r} on the terminal")
-
-    def type(self, text: str) -> None:
-        self.os.write(self.master, text.encode())
-
-    def wait(self, timeout: float = 120) -> int:
-        wait_until(
-            lambda: self.pump() is not None and self.proc.poll() is not None, timeout, "exit"
-        )
-        self.pump()
-        return self.proc.wait(timeout=1)
-
-    def close(self) -> None:
-        self.os.close(self.master)
+def Pty(f: Flower, *args: str) -> e2e.Pty:
+    """``flower ARGS`` on a pseudo-terminal, from the workspace; status lines every 2 s."""
+    argv = [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args]
+    env = {**f.env, "COLUMNS": "100", "FLOWER_STATUS_EVERY": "2"}
+    return e2e.Pty(f, argv, cwd=f.ws, env=env)
 
 
 NASTY = "完成\x1b[2J\x1b]0;x\x07\x1b[31m红"

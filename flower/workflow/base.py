@@ -8,9 +8,10 @@ in the process that owns lineage and the manifest.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -472,25 +473,10 @@ class _Run:
             )
         )
 
-    def _no_retry(self, step: Step) -> Any:
+    def _no_retry(self, step: Step) -> contextlib.AbstractContextManager[None]:
         """An ``idempotent=False`` step gets one attempt: no automatic retry of an
         irreversible action (its own ``retries`` and the API retries alike)."""
-        import contextlib
-        from dataclasses import replace
-
-        if step.idempotent:
-            return contextlib.nullcontext()
-        rt, kept = self.rt, self.rt.resilience
-
-        @contextlib.contextmanager
-        def once() -> Any:
-            rt.resilience = replace(kept, max_attempts=1)
-            try:
-                yield
-            finally:
-                rt.resilience = kept
-
-        return once()
+        return contextlib.nullcontext() if step.idempotent else _one_attempt(self.rt)
 
     def _ran_before(self, step: Step) -> bool:
         done = self.prior.completed if self.prior else {}
@@ -733,6 +719,19 @@ def _now() -> float:
     import time
 
     return time.time()
+
+
+@contextlib.contextmanager
+def _one_attempt(rt: Runtime) -> Iterator[None]:
+    """The Runtime's resilience with ``max_attempts=1`` for as long as the block runs."""
+    from dataclasses import replace
+
+    kept = rt.resilience
+    rt.resilience = replace(kept, max_attempts=1)
+    try:
+        yield
+    finally:
+        rt.resilience = kept
 
 
 class _ItemShape:

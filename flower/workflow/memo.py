@@ -19,7 +19,6 @@ reports; under ``incremental`` they silently stay as they are.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -92,12 +91,6 @@ def scope_of(step: Step, wf: Workflow) -> str:
     if wants_cross and why_not_cross_run(step) is None:
         return "cross-run"
     return "run-only"
-
-
-def digest(value: Any) -> str:
-    """A short stable digest of a JSON-able value (what enters an input hash)."""
-    raw = json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 
 
 def changed_inputs(old: dict[str, str], new: dict[str, str]) -> list[str]:

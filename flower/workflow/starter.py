@@ -116,7 +116,7 @@ def starter_flow(
     ``<notes>/archive/<YYYYmmdd-HHMMSS>/`` (sessions.db keeps every old session).
     """
     ws = Path(workspace).expanduser().resolve()
-    if isolate and not _in_git(ws):
+    if isolate and not in_git(ws):
         raise ValueError(NOT_GIT.format(ws=ws))
     wb = _workbench_for(ws, isolate)
     brief_path, goal_path = wb.notes / brief_name, wb.notes / goal_name
@@ -288,7 +288,8 @@ def _clarifying(workspace: Path, run_dir: str | Path) -> bool:
     return bool(sid) and has_transcript(runs / "sessions.db", str(sid)) is not False
 
 
-def _in_git(path: Path) -> bool:
+def in_git(path: Path) -> bool:
+    """Is ``path`` inside a git work tree (what ``isolate=True`` needs)?"""
     try:
         done = subprocess.run(
             ["git", "-C", str(path), "rev-parse", "--is-inside-work-tree"],
