@@ -229,6 +229,31 @@ def test_retries_stop_at_max_attempts(make):
     assert not res.ok and res.attempts == 3 and len(res.errors) == 3 and len(rt.calls) == 3
 
 
+def test_a_call_brings_its_own_attempt_cap_and_session_callback(make):
+    """What holds for one call travels with it (issue 18): ``max_attempts`` caps that call
+    only, ``on_session`` hears that call's sessions in place of ``Runtime.on_session``; the
+    Runtime's own settings are left as they were for the next call."""
+    policy = Net(max_attempts=3)
+    rt = make([fail("s1", OVERLOADED), fail("s2", OVERLOADED)] * 2 + [ok("s2")], resilience=policy)
+    mine: list[str] = []
+    theirs: list[str] = []
+    rt.on_session = theirs.append
+
+    async def go() -> tuple[StepResult, StepResult]:
+        try:
+            one = await rt.run(SPEC, "x", step_name="one", max_attempts=1, on_session=mine.append)
+            two = await rt.run(SPEC, "y", step_name="two", max_attempts=5)
+            return one, two
+        finally:
+            rt.close()
+
+    one, two = asyncio.run(go())
+    assert not one.ok and one.attempts == 1 and mine == ["s1"]
+    # the cap lowers, never raises, the Runtime's policy; the Runtime's own callback is back
+    assert not two.ok and two.attempts == 3 and theirs == ["s2", "s1", "s2"]
+    assert rt.resilience is policy and policy.max_attempts == 3
+
+
 def test_no_retry_when_resilience_is_off(make):
     rt = make([fail("s1", OVERLOADED)], resilience=False)
     res = run(rt)

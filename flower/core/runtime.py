@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +54,6 @@ define(
 )
 
 __all__ = ["OnEvent", "Runtime"]
-
-
-#: The session callback of the task running a step, when it is not the Runtime's own
-#: ``on_session`` (a map step's items run at once, each recording its own session).
-SESSION_HOOK: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
-    "flower_session_hook", default=None
-)
 
 
 class Runtime:
@@ -101,6 +94,7 @@ class Runtime:
         self.results: list[StepResult] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._interrupting: set[asyncio.Task[None]] = set()
+        # Told every session id of a call that brings no ``on_session`` of its own.
         self.on_session: Callable[[str], None] | None = None
         self.record: FlowerRecord | None = None
         self.interrupts = Interrupts()
@@ -262,20 +256,35 @@ class Runtime:
         fork: bool = False,
         resume_at: str | None = None,
         on_event: OnEvent | None = None,
+        max_attempts: int | None = None,
+        on_session: Callable[[str], None] | None = None,
     ) -> StepResult:
-        """Run one step to its result (one manifest row), retrying inside as seed 003 says."""
+        """Run one step to its result (one manifest row), retrying inside as seed 003 says.
+
+        What holds for this call only travels with it (several calls may run at once, a
+        map step's items): ``max_attempts`` caps its attempts below the Runtime's
+        resilience (an ``idempotent=False`` step passes 1), and ``on_session`` is told each
+        session id the instant it is known, in place of the Runtime's :attr:`on_session`.
+        """
         self._loop = asyncio.get_running_loop()
         call = StepCall(spec, prompt, step_name or spec.name, resume, fork, resume_at)
         self.note(step=call.label, session_id=call.resume, attempt=1)
+        policy = self.resilience
+        if max_attempts is not None:
+            policy = replace(policy, max_attempts=max(1, min(max_attempts, policy.max_attempts)))
+
+        def session_seen(sid: str) -> None:
+            self._session_seen(sid, on_session or self.on_session)
+
         loop = StepLoop(
             call,
             placement=self.placement,
             seat=self.seat,
-            resilience=self.resilience,
+            resilience=policy,
             handoff=self.handoff,
             interrupts=self.interrupts,
             notes_dir=self.notes_dir,
-            hooks=StepHooks(on_session=self._session_seen, on_attempt=self._attempt_began),
+            hooks=StepHooks(on_session=session_seen, on_attempt=self._attempt_began),
             on_event=on_event,
             windows=self.windows,
         )
@@ -340,10 +349,9 @@ class Runtime:
     def _attempt_began(self, n: int) -> None:
         self.note(attempt=n)
 
-    def _session_seen(self, sid: str) -> None:
-        """The instant a session id is known: lineage first (the hard-kill invariant), then
-        the registry record ``status`` reads."""
-        hook = SESSION_HOOK.get() or self.on_session  # a map item's own, else the step's
+    def _session_seen(self, sid: str, hook: Callable[[str], None] | None) -> None:
+        """The instant a session id is known: the call's ``hook`` first (the Workflow writes
+        lineage there: the hard-kill invariant), then the registry record ``status`` reads."""
         if hook is not None:
             try:
                 hook(sid)
