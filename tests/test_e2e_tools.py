@@ -1,0 +1,124 @@
+"""The person's tools are offered directly, end to end: the real CLI, the scripted model
+server, and the ``tools`` of the first request each role's session sent.
+
+Claude Code 2.x defers MCP tools (and some built-ins) behind ``ToolSearch``: a deferred
+tool is only named in the conversation, and a model must search before it can call it. A
+role that holds the human channel exists to ask, so its first request must offer
+``mcp__human__ask`` itself (and ``mcp__human__inbox`` for the coordinator, who holds it);
+everything else stays as the CLI defers it, and a role without the channel sees no change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from flower.testing.model_server import ModelServer, RecordedRequest
+
+from .e2e import Flower
+from .test_e2e_starter import (
+    BRIEF,
+    GOAL_1,
+    GOAL_MARK,
+    JUDGE_MARK,
+    MET,
+    WORK_MARK,
+    agent,
+    asked,
+    bash,
+    conv,
+    first_ws,
+    no_api_errors,
+    tool,
+)
+
+pytestmark = pytest.mark.e2e
+
+ASK_TOOL, INBOX_TOOL = "mcp__human__ask", "mcp__human__inbox"
+# What shows the CLI still defers: its search tool is offered, and WebFetch (which it
+# defers, and which the clarifier is even allowed) is not.
+SEARCH, DEFERRED = "ToolSearch", "WebFetch"
+
+
+def first_request(server: ModelServer, name: str) -> RecordedRequest:
+    reqs = asked(server, name)
+    assert reqs, f"no request reached conversation {name!r}"
+    return reqs[0]
+
+
+@pytest.mark.timeout(240)  # one starter-flow run: four CLI sessions and a subagent
+def test_every_role_holding_the_persons_tools_offers_them_in_its_first_request(
+    model_server, flower_env, tmp_path
+):
+    out_txt = first_ws(tmp_path) / "out.txt"
+    server = model_server(
+        {
+            "conversations": [
+                conv(
+                    "clarify",
+                    [tool(ASK_TOOL, question="输出放哪个文件?"), BRIEF],
+                    marker="[[ask]]",
+                ),
+                conv("goal", [GOAL_1], marker=GOAL_MARK),
+                conv("judge", [tool("Read", file_path=str(out_txt)), MET], marker=JUDGE_MARK),
+                conv("coordinate", [agent("coder"), "做完了。"], marker=WORK_MARK),
+                conv("coder", [bash("echo DONE > out.txt"), "CODER: 写完了"]),
+            ]
+        }
+    )
+    f: Flower = flower_env(server)
+    code, out = f.run("写个 md 转 html 的脚本 [[ask]]", "--timeout", "0", timeout=200)
+    assert code == 0, out
+
+    holds = {"clarify": {ASK_TOOL}, "goal": {ASK_TOOL}, "judge": {ASK_TOOL}}
+    holds["coordinate"] = {ASK_TOOL, INBOX_TOOL}
+    for name, tools in holds.items():
+        offered = set(first_request(server, name).tools)
+        assert tools <= offered, f"{name} was not offered {sorted(tools - offered)}"
+        assert SEARCH in offered and DEFERRED not in offered, (
+            f"{name}: the CLI's other tools are no longer deferred: {sorted(offered)}"
+        )
+    # The clarifier's question went through the tool it was offered.
+    log = f.ws / ".flower" / "notes" / "问答记录.md"
+    assert "输出放哪个文件?" in log.read_text(encoding="utf-8")
+    no_api_errors(server)
+    f.assert_no_survivors()
+
+
+@pytest.mark.timeout(120)  # two in-process CLI sessions
+def test_a_role_without_the_channel_keeps_the_clis_deferral(model_server, tmp_path, monkeypatch):
+    from flower import Runtime, judge, oracle
+    from flower.testing.cli_env import cli_env
+
+    server = model_server(
+        {
+            "conversations": [
+                conv("judge", ["## 结论\n达成"]),
+                conv("oracle", ["还在第一步。"]),
+            ]
+        }
+    )
+    for key, value in cli_env(tmp_path / "home", server.url).items():
+        monkeypatch.setenv(key, value)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    rt = Runtime(workspace=ws, run_dir=tmp_path / "runs")
+
+    async def both() -> list[Any]:
+        return [
+            await rt.run(judge("判定者", None), "[[judge]] 判一下"),
+            await rt.run(oracle(), "[[oracle]] 到哪了"),
+        ]
+
+    try:
+        results = asyncio.run(both())
+    finally:
+        rt.close()
+    assert all(r.ok for r in results), results
+    for name in ("judge", "oracle"):
+        req = first_request(server, name)
+        assert not [t for t in req.tools if t.startswith("mcp__")], req.tools
+        assert SEARCH in req.tools and DEFERRED not in req.tools, req.tools
+        assert any(DEFERRED in text for text in req.texts()), "WebFetch is no longer listed"
