@@ -31,6 +31,7 @@ from .test_e2e_starter import (
     conv,
     first_ws,
     no_api_errors,
+    results_in,
     tool,
 )
 
@@ -122,3 +123,43 @@ def test_a_role_without_the_channel_keeps_the_clis_deferral(model_server, tmp_pa
         assert not [t for t in req.tools if t.startswith("mcp__")], req.tools
         assert SEARCH in req.tools and DEFERRED not in req.tools, req.tools
         assert any(DEFERRED in text for text in req.texts()), "WebFetch is no longer listed"
+
+
+@pytest.mark.timeout(120)  # two in-process CLI sessions
+def test_a_role_offered_the_inbox_it_does_not_hold_cannot_take_the_persons_mail(
+    model_server, tmp_path, monkeypatch
+):
+    """The channel's server offers both tools; the clarifier and the judge hold only ask, so
+    a call of the inbox is refused and what the person said stays for the coordinator."""
+    from flower import HumanChannel, Runtime, clarify, judge
+    from flower.testing.cli_env import cli_env
+
+    inbox_then_done = [tool(INBOX_TOOL), "看过了。"]
+    server = model_server(
+        {"conversations": [conv("clarify", inbox_then_done), conv("judge", inbox_then_done)]}
+    )
+    for key, value in cli_env(tmp_path / "home", server.url).items():
+        monkeypatch.setenv(key, value)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ch = HumanChannel(timeout_s=0)
+    ch.send("改成蓝色")
+    rt = Runtime(workspace=ws, run_dir=tmp_path / "runs")
+
+    async def both() -> list[Any]:
+        return [
+            await rt.run(clarify("确认者", ch), "[[clarify]] 问清楚"),
+            await rt.run(judge("判定者", ch), "[[judge]] 判一下"),
+        ]
+
+    try:
+        results = asyncio.run(both())
+    finally:
+        rt.close()
+    assert all(r.ok for r in results), results
+    for name in ("clarify", "judge"):
+        first, second = asked(server, name)[:2]
+        assert INBOX_TOOL in first.tools
+        (refused,) = results_in(second)
+        assert refused.get("is_error"), refused
+    assert [m.taken for m in ch.mail] == [False], "a role without the inbox took the mail"
