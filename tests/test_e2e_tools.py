@@ -11,10 +11,11 @@ everything else stays as the CLI defers it, and a role without the channel sees 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
+from flower import AgentSpec, HumanChannel, Runtime, StepResult, clarify, judge, oracle
+from flower.testing import pytest_plugin
 from flower.testing.model_server import ModelServer, RecordedRequest
 
 from .e2e import Flower
@@ -36,6 +37,10 @@ from .test_e2e_starter import (
 )
 
 pytestmark = pytest.mark.e2e
+
+# The plugin's fixtures, by name (our suite does not enable the plugin as a whole).
+flower_runtime = pytest_plugin.flower_runtime
+flower_cli_env = pytest_plugin.flower_cli_env
 
 ASK_TOOL, INBOX_TOOL = "mcp__human__ask", "mcp__human__inbox"
 # What shows the CLI still defers: its search tool is offered, and WebFetch (which it
@@ -88,36 +93,26 @@ def test_every_role_holding_the_persons_tools_offers_them_in_its_first_request(
     f.assert_no_survivors()
 
 
-@pytest.mark.timeout(120)  # two in-process CLI sessions
-def test_a_role_without_the_channel_keeps_the_clis_deferral(model_server, tmp_path, monkeypatch):
-    from flower import Runtime, judge, oracle
-    from flower.testing.cli_env import cli_env
+def run_in_process(rt: Runtime, *steps: tuple[AgentSpec, str]) -> None:
+    """Run each (spec, prompt) on ``rt`` in this process, one after another; each must pass."""
 
-    server = model_server(
-        {
-            "conversations": [
-                conv("judge", ["## 结论\n达成"]),
-                conv("oracle", ["还在第一步。"]),
-            ]
-        }
-    )
-    for key, value in cli_env(tmp_path / "home", server.url).items():
-        monkeypatch.setenv(key, value)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    rt = Runtime(workspace=ws, run_dir=tmp_path / "runs")
+    async def run_all() -> list[StepResult]:
+        return [await rt.run(spec, prompt) for spec, prompt in steps]
 
-    async def both() -> list[Any]:
-        return [
-            await rt.run(judge("判定者", None), "[[judge]] 判一下"),
-            await rt.run(oracle(), "[[oracle]] 到哪了"),
-        ]
-
-    try:
-        results = asyncio.run(both())
-    finally:
-        rt.close()
+    results = asyncio.run(run_all())
     assert all(r.ok for r in results), results
+
+
+@pytest.mark.timeout(120)  # two in-process CLI sessions
+def test_a_role_without_the_channel_keeps_the_clis_deferral(model_server, flower_runtime):
+    server = model_server(
+        {"conversations": [conv("judge", ["## 结论\n达成"]), conv("oracle", ["还在第一步。"])]}
+    )
+    run_in_process(
+        flower_runtime(server),
+        (judge("判定者", None), "[[judge]] 判一下"),
+        (oracle(), "[[oracle]] 到哪了"),
+    )
     for name in ("judge", "oracle"):
         req = first_request(server, name)
         assert not [t for t in req.tools if t.startswith("mcp__")], req.tools
@@ -127,36 +122,21 @@ def test_a_role_without_the_channel_keeps_the_clis_deferral(model_server, tmp_pa
 
 @pytest.mark.timeout(120)  # two in-process CLI sessions
 def test_a_role_offered_the_inbox_it_does_not_hold_cannot_take_the_persons_mail(
-    model_server, tmp_path, monkeypatch
+    model_server, flower_runtime
 ):
     """The channel's server offers both tools; the clarifier and the judge hold only ask, so
     a call of the inbox is refused and what the person said stays for the coordinator."""
-    from flower import HumanChannel, Runtime, clarify, judge
-    from flower.testing.cli_env import cli_env
-
     inbox_then_done = [tool(INBOX_TOOL), "看过了。"]
     server = model_server(
         {"conversations": [conv("clarify", inbox_then_done), conv("judge", inbox_then_done)]}
     )
-    for key, value in cli_env(tmp_path / "home", server.url).items():
-        monkeypatch.setenv(key, value)
-    ws = tmp_path / "ws"
-    ws.mkdir()
     ch = HumanChannel(timeout_s=0)
     ch.send("改成蓝色")
-    rt = Runtime(workspace=ws, run_dir=tmp_path / "runs")
-
-    async def both() -> list[Any]:
-        return [
-            await rt.run(clarify("确认者", ch), "[[clarify]] 问清楚"),
-            await rt.run(judge("判定者", ch), "[[judge]] 判一下"),
-        ]
-
-    try:
-        results = asyncio.run(both())
-    finally:
-        rt.close()
-    assert all(r.ok for r in results), results
+    run_in_process(
+        flower_runtime(server),
+        (clarify("确认者", ch), "[[clarify]] 问清楚"),
+        (judge("判定者", ch), "[[judge]] 判一下"),
+    )
     for name in ("clarify", "judge"):
         first, second = asked(server, name)[:2]
         assert INBOX_TOOL in first.tools
