@@ -661,6 +661,15 @@ def test_the_server_lists_two_tools_with_their_schemas() -> None:
     assert tools["inbox"]["inputSchema"] == {"type": "object", "properties": {}}
 
 
+def test_the_server_is_marked_for_the_cli_to_offer_its_tools_directly() -> None:
+    """Without alwaysLoad the CLI defers both tools behind ToolSearch (what the requests
+    then carry: tests/test_e2e_tools.py)."""
+    from flower.core.agent import ALWAYS_LOAD
+
+    (config,) = HumanChannel().mcp_servers().values()
+    assert config[ALWAYS_LOAD] is True
+
+
 def test_the_ask_tool_returns_the_answer() -> None:
     sink = Sink()
     ch = HumanChannel(on_event=sink, timeout_s=WAIT)

@@ -31,6 +31,13 @@ COMPACT_MODES = ("auto", "no_summary", "off")
 # recorded before they existed is still the same step.
 _HOOK_FIELDS = ("glance", "workbench", "delegate_only")
 
+#: The key of an MCP server's config (``AgentSpec.mcp_servers``) that makes the CLI offer
+#: its tools in every request instead of deferring them behind ``ToolSearch`` (measured with
+#: CLI 2.1.332; an SDK server's config reaches the CLI's ``--mcp-config`` as it is). It
+#: changes how a tool is offered, not which tools an agent has, so it stays out of the
+#: fingerprint: a step recorded before a server carried it is still the same step.
+ALWAYS_LOAD = "alwaysLoad"
+
 
 @dataclass
 class CompactPolicy:
@@ -110,6 +117,7 @@ class AgentSpec:
             for f in fields(self)
             if f.name not in _HOOK_FIELDS or getattr(self, f.name) != f.default
         }
+        data["mcp_servers"] = _stable(_without_always_load(self.mcp_servers))
         raw = json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr)
         return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 
@@ -136,6 +144,16 @@ def _spec_problem(spec: AgentSpec) -> str | None:
     ):
         return "hooks must map a hook event to a list of HookMatcher"
     return None
+
+
+def _without_always_load(servers: Any) -> Any:
+    """``servers`` with :data:`ALWAYS_LOAD` left out of each server's config."""
+    if not isinstance(servers, dict):
+        return servers
+    return {
+        name: {k: v for k, v in cfg.items() if k != ALWAYS_LOAD} if isinstance(cfg, dict) else cfg
+        for name, cfg in servers.items()
+    }
 
 
 def _stable(value: Any) -> Any:

@@ -72,6 +72,7 @@ from typing import Any
 from ..i18n import define, t
 from ..util.fsutil import open_private, private_dir
 from ..util.loops import call_on
+from .agent import ALWAYS_LOAD
 from .result import Event
 
 log = logging.getLogger("flower")
@@ -299,14 +300,23 @@ class HumanChannel:
 
     def mcp_servers(self) -> dict[str, Any]:
         """``{"human": <sdk server>}`` for ``AgentSpec.mcp_servers``: the key must be the
-        server's name (it makes the tool names), so both come from here."""
+        server's name (it makes the tool names), so both come from here.
+
+        The server is marked ``alwaysLoad``: Claude Code 2.x defers MCP tools behind its
+        ``ToolSearch`` tool, so without the mark an agent's first request offers neither
+        tool and a model spends a turn searching for the one it exists to use. The mark
+        exempts these two tools only; the CLI's other deferred tools stay deferred.
+        """
         from claude_agent_sdk import create_sdk_mcp_server, tool
 
         tools = [
             tool(TOOL, _ASK_DESCRIPTION, _ASK_SCHEMA)(self._ask_tool),
             tool(INBOX, _INBOX_DESCRIPTION, _INBOX_SCHEMA)(self._inbox_tool),
         ]
-        return {SERVER: create_sdk_mcp_server(SERVER, tools=tools)}
+        # The SDK hands every key but "instance" to the CLI's --mcp-config.
+        server: dict[str, Any] = {**create_sdk_mcp_server(SERVER, tools=tools)}
+        server[ALWAYS_LOAD] = True
+        return {SERVER: server}
 
     async def _ask_tool(self, args: dict[str, Any]) -> dict[str, Any]:
         call = {"question": args.get("question", ""), "options": args.get("options") or []}

@@ -338,7 +338,12 @@ def oracle(
 
 
 def _ask_tool(channel: Any) -> tuple[list[str], dict[str, Any]]:
-    """The ask tool (no inbox) and the MCP servers of ``channel``, or nothing for None."""
+    """The ask tool (no inbox) and the MCP servers of ``channel``, or nothing for None.
+
+    A HumanChannel's server has the CLI offer both its tools in the first request (see
+    ``HumanChannel.mcp_servers``); the inbox, not on the role's ``allowed_tools``, is refused
+    when called, so the person's mail stays for the coordinator.
+    """
     if channel is None:
         return [], {}
     return [channel.tool_name], dict(channel.mcp_servers())
