@@ -31,8 +31,8 @@ from flower.core.registry import INTERRUPTED, KILLED
 from flower.core.reuse import report_lines
 from flower.i18n import define, t
 from flower.workflow import Workflow
-from flower.workflow.goal import MISSING_KEY, VERDICT_KEY
-from flower.workflow.starter import CLARIFY_STEP, WORK_STEP, archive
+from flower.workflow.goal import why_rejected
+from flower.workflow.starter import archive
 
 from .eventlog import EventLog
 from .flows import refuse_new_while_live
@@ -55,15 +55,6 @@ define(
         "start.done": (
             "-- 完成 · 第 {woke} 次唤醒 · run {run}",
             "-- done · wake {woke} · run {run}",
-        ),
-        "start.why.rounds": (
-            "轮数用完,目标还没达成:{reason}",
-            "out of rounds and the goal is not met yet: {reason}",
-        ),
-        "start.why.no_reason": ("判定者没给理由", "the judge gave no reason"),
-        "start.why.missing": (
-            "需求确认书还缺:{missing}",
-            "the brief still lacks: {missing}",
         ),
         "start.why.gate": ("没通过它的检查", "it did not pass its check"),
         "start.offline": (
@@ -198,18 +189,13 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
 
 
 def _why_stopped(ctx: dict[str, Any], step: str) -> str:
-    """The stopped step's own reason: its StepAbort, what its gate found, or its error."""
+    """The stopped step's own reason: its StepAbort, its error, or why its gate said no."""
     if ctx.get("_aborted_step") == step and ctx.get("_aborted"):
         return str(ctx["_aborted"])
     result = ctx["_results"].get(step)
     if result is not None and not result.ok and result.error:
         return str(result.error)
-    verdict = ctx.get(VERDICT_KEY)
-    if step == WORK_STEP and verdict is not None:
-        return t("start.why.rounds", reason=verdict.reason or t("start.why.no_reason"))
-    if ctx.get(MISSING_KEY) and step == CLARIFY_STEP:
-        return t("start.why.missing", missing="、".join(ctx[MISSING_KEY]))
-    return t("start.why.gate")
+    return why_rejected(ctx, step) or t("start.why.gate")
 
 
 async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:
