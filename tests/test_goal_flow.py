@@ -132,7 +132,8 @@ def test_an_unclear_verdict_gets_the_default_reason_not_the_judges_words(tmp_pat
         ),
         (
             "zh",
-            "做了 2 轮,目标还没达成。判定者(干活·判定#2)的结论:未达成。理由:还差测试(没通过:跑得通)",
+            "做了 2 轮,目标还没达成。判定者(干活·判定#2)的结论:"
+            "未达成。理由:还差测试(没通过:跑得通)",
         ),
     ],
 )
