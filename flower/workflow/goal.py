@@ -187,13 +187,9 @@ def clarify_step(
         brief = Brief.parse(result.text)
         if not brief.complete():
             ctx[MISSING_KEY] = brief.missing()
-            why = t(
-                "goal.why.brief",
-                missing=named(brief.missing()),
-                said=_began(result.text),
-                headings=_headings(brief_doc.HEADINGS),
+            return _lacks(
+                ctx, name, "goal.why.brief", brief.missing(), result.text, brief_doc.HEADINGS
             )
-            return _rejected(ctx, name, why)
         _passed(ctx, name)
         kept = amendments(path)  # what the person said meanwhile (channel.send) stays
         if kept:
@@ -255,13 +251,9 @@ def goal_step(
     def gate(result: StepResult, ctx: Ctx) -> bool:
         goal = Goal.parse(result.text)
         if not goal.complete():
-            why = t(
-                "goal.why.goal",
-                missing=named(goal.missing()),
-                said=_began(result.text),
-                headings=_headings(goal_doc.HEADINGS),
+            return _lacks(
+                ctx, name, "goal.why.goal", goal.missing(), result.text, goal_doc.HEADINGS
             )
-            return _rejected(ctx, name, why)
         _passed(ctx, name)
         goal.write(path)
         pour(ctx, goal)
@@ -392,6 +384,15 @@ def why_rejected(ctx: Ctx, step: str) -> str:
     return str((ctx.get(WHY_KEY) or {}).get(step, ""))
 
 
+def _lacks(
+    ctx: Ctx, step: str, key: str, missing: list[str], reply: str, headings: dict[str, str]
+) -> bool:
+    """A document gate's no: the sections ``reply`` lacked (by name), how it began, and the
+    headings the document asks for."""
+    wanted = " / ".join(f"## {h}" for h in headings.values())
+    return _rejected(ctx, step, t(key, missing=named(missing), said=_began(reply), headings=wanted))
+
+
 def _rejected(ctx: Ctx, step: str, why: str) -> bool:
     ctx.setdefault(WHY_KEY, {})[step] = why
     return False
@@ -411,10 +412,6 @@ def _began(reply: str) -> str:
     answered something else than the sections asked for."""
     first = next((line for line in str(reply).splitlines() if line.strip()), "")
     return f"“{_one_line(first, 60)}”" if first else t("goal.why.empty")
-
-
-def _headings(headings: dict[str, str]) -> str:
-    return " / ".join(f"## {h}" for h in headings.values())
 
 
 def _verdict_line(verdict: Verdict, said: str) -> str:
