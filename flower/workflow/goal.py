@@ -173,7 +173,8 @@ def clarify_step(
     Skipped when ``brief_path`` already holds a complete brief (unless ``always_ask``); the
     brief is put into ctx either way: ``ctx[BRIEF_KEY]`` the Brief, ``ctx[name]`` its
     ``prompt_block()``. An incomplete answer fails the gate with ``ctx[MISSING_KEY]`` naming
-    the missing sections. A continued session is told :data:`CLARIFY_RESUME`.
+    the missing sections (and :func:`why_rejected` saying it for a person). A continued
+    session is told :data:`CLARIFY_RESUME`.
     """
     path = Path(brief_path)
     spec = spec or clarify(name, channel, instructions=instructions, **spec_kw)
@@ -232,7 +233,8 @@ def goal_step(
     """A step where a judge turns the brief (``ctx[brief_key]``) into a Goal and freezes it.
 
     Skipped when ``goal_path`` already holds a complete goal (unless ``always_set``), which
-    is still put into ctx: ``ctx[GOAL_KEY]`` the Goal, ``ctx[name]`` its markdown. Checks the
+    is still put into ctx: ``ctx[GOAL_KEY]`` the Goal, ``ctx[name]`` its markdown; an
+    incomplete answer fails the gate, :func:`why_rejected` saying what it lacked. Checks the
     goal marks as unverifiable here are reported at once as ``Event("task")``: they will fail
     every verdict, better known before a round of work is paid for. No ``resume_prompt``:
     setting the goal again should read the whole brief again.
@@ -326,8 +328,11 @@ def with_goal(
     ``step`` (``resume_prompt`` above all) is kept. The judge runs as
     ``f"{name or step.name + '·判定'}#N"`` with no session to continue, so it is a brand-new
     session every round and never enters lineage. A round that falls short goes back into the
-    same working session with the verdict's feedback. An unreachable verdict asks the person
-    (accept, amend the goal, or "you judged wrong"); nobody answering raises StepAbort.
+    same working session with the verdict's feedback; a verdict with no readable conclusion
+    is not achieved, its reason :data:`~flower.docs.verdict.VAGUE_REASON`. An unreachable
+    verdict asks the person (accept, amend the goal, or "you judged wrong"); nobody answering
+    raises StepAbort. After a round that falls short, :func:`why_rejected` gives the judge's
+    label, conclusion, reason and failed checks.
     """
     path = Path(goal_path)
     label = name or f"{step.name}·判定"
