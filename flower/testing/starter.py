@@ -5,19 +5,15 @@
 ``flower "…"`` and ``flower-super start "…"`` run, with each role matched by what flower
 itself sends it, so a test names none of the markers, sections or formats:
 
-========== ====================== ==============================================================
-role       conversation           what it answers
-========== ====================== ==============================================================
-clarifier  ``clarifier``          one ``mcp__human__ask`` per question, then the brief's four
-                                  sections (目标 / 验收标准 / 边界 / 未知与假设) (step ``确认需求``)
-goal       ``goal``               the goal and its checklist (目标 / 判定清单) (step ``设定目标``)
-work       ``work``               per round: one ``Agent`` call to the ``coder`` worker, then a
-                                  closing text; or a text of its own (step ``干活``)
-worker     ``coder-1``, …         round N's turns: the tool calls that do the work
-judge      ``judge-1``, …         round N's verdict (结论 / 理由 / 未通过), a fresh session each
-probe      ``probe``              ``ok`` to the one request ``flower`` sends to check the
-                                  credentials
-========== ====================== ==============================================================
+- ``clarifier`` (step ``确认需求``): one ``mcp__human__ask`` per question, then the brief's
+  four sections, 目标 / 验收标准 / 边界 / 未知与假设;
+- ``goal`` (step ``设定目标``): the goal and its checklist, 目标 / 判定清单;
+- ``work`` (step ``干活``): per round, one ``Agent`` call to the ``coder`` worker and a closing
+  text, or a text of its own;
+- ``coder-1``, ``coder-2``, …: the worker's turns in round N, the tool calls that do the work;
+- ``judge-1``, ``judge-2``, …: round N's verdict (结论 / 理由 / 未通过), each answering one
+  fresh judge session (``干活·判定#N``);
+- ``probe``: ``ok`` to the one request ``flower`` sends to check the credentials.
 
 A wake continues the same conversations: ``flower`` run again in the same place sends the
 working session its next round (the next item of ``work``) and a new judge the next verdict.
