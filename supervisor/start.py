@@ -57,6 +57,10 @@ define(
             "-- done · wake {woke} · run {run}",
         ),
         "start.why.gate": ("没通过它的检查", "it did not pass its check"),
+        "start.why.gate.named": (
+            "没通过它的检查:gate {gate} 判定不通过",
+            "it did not pass its check: its gate {gate} said no",
+        ),
         "start.offline": (
             "! 连不上 {host}:{port}({base});等它恢复,每 {every} 秒探一次,最多等 {minutes} 分钟"
             "(Ctrl-C 停)",
@@ -176,7 +180,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
-        term.stop_reason = _why_stopped(ctx, stopped)
+        term.stop_reason = _why_stopped(ctx, stopped, wf)
         term.err(t("start.stopped", step=stopped, why=term.stop_reason))
         term.say(t("start.again"))
         term.closing(rt)
@@ -188,14 +192,22 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     return 0
 
 
-def _why_stopped(ctx: dict[str, Any], step: str) -> str:
-    """The stopped step's own reason: its StepAbort, its error, or why its gate said no."""
+def _why_stopped(ctx: dict[str, Any], step: str, wf: Workflow) -> str:
+    """The stopped step's own reason: its StepAbort, its error, or why its gate said no
+    (the starter flow's gates say it themselves; another gate is named)."""
     if ctx.get("_aborted_step") == step and ctx.get("_aborted"):
         return str(ctx["_aborted"])
     result = ctx["_results"].get(step)
     if result is not None and not result.ok and result.error:
         return str(result.error)
-    return why_rejected(ctx, step) or t("start.why.gate")
+    why = why_rejected(ctx, step)
+    if why:
+        return why
+    gate = next((s.gate for s in wf.steps if s.name == step), None)
+    name = getattr(gate, "__qualname__", None)
+    if gate is None or not name:
+        return t("start.why.gate")
+    return t("start.why.gate.named", gate=f"{getattr(gate, '__module__', '?')}.{name}")
 
 
 async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:
