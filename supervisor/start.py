@@ -31,8 +31,8 @@ from flower.core.registry import INTERRUPTED, KILLED
 from flower.core.reuse import report_lines
 from flower.i18n import define, t
 from flower.workflow import Workflow
-from flower.workflow.goal import MISSING_KEY, VERDICT_KEY
-from flower.workflow.starter import CLARIFY_STEP, WORK_STEP, archive
+from flower.workflow.goal import why_rejected
+from flower.workflow.starter import archive
 
 from .eventlog import EventLog
 from .flows import refuse_new_while_live
@@ -56,16 +56,11 @@ define(
             "-- 完成 · 第 {woke} 次唤醒 · run {run}",
             "-- done · wake {woke} · run {run}",
         ),
-        "start.why.rounds": (
-            "轮数用完,目标还没达成:{reason}",
-            "out of rounds and the goal is not met yet: {reason}",
-        ),
-        "start.why.no_reason": ("判定者没给理由", "the judge gave no reason"),
-        "start.why.missing": (
-            "需求确认书还缺:{missing}",
-            "the brief still lacks: {missing}",
-        ),
         "start.why.gate": ("没通过它的检查", "it did not pass its check"),
+        "start.why.gate.named": (
+            "没通过它的检查:gate {gate} 判定不通过",
+            "it did not pass its check: its gate {gate} said no",
+        ),
         "start.offline": (
             "! 连不上 {host}:{port}({base});等它恢复,每 {every} 秒探一次,最多等 {minutes} 分钟"
             "(Ctrl-C 停)",
@@ -185,7 +180,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
-        term.stop_reason = _why_stopped(ctx, stopped)
+        term.stop_reason = _why_stopped(ctx, stopped, wf)
         term.err(t("start.stopped", step=stopped, why=term.stop_reason))
         term.say(t("start.again"))
         term.closing(rt)
@@ -197,19 +192,22 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     return 0
 
 
-def _why_stopped(ctx: dict[str, Any], step: str) -> str:
-    """The stopped step's own reason: its StepAbort, what its gate found, or its error."""
+def _why_stopped(ctx: dict[str, Any], step: str, wf: Workflow) -> str:
+    """The stopped step's own reason: its StepAbort, its error, or why its gate said no
+    (the starter flow's gates say it themselves; another gate is named)."""
     if ctx.get("_aborted_step") == step and ctx.get("_aborted"):
         return str(ctx["_aborted"])
     result = ctx["_results"].get(step)
     if result is not None and not result.ok and result.error:
         return str(result.error)
-    verdict = ctx.get(VERDICT_KEY)
-    if step == WORK_STEP and verdict is not None:
-        return t("start.why.rounds", reason=verdict.reason or t("start.why.no_reason"))
-    if ctx.get(MISSING_KEY) and step == CLARIFY_STEP:
-        return t("start.why.missing", missing="、".join(ctx[MISSING_KEY]))
-    return t("start.why.gate")
+    why = why_rejected(ctx, step)
+    if why:
+        return why
+    gate = next((s.gate for s in wf.steps if s.name == step), None)
+    name = getattr(gate, "__qualname__", None)
+    if gate is None or not name:
+        return t("start.why.gate")
+    return t("start.why.gate.named", gate=f"{getattr(gate, '__module__', '?')}.{name}")
 
 
 async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:

@@ -251,6 +251,16 @@ def test_an_empty_ask_with_nothing_to_wake_and_a_step_that_stops(model_server, f
     f.assert_no_survivors()
 
 
+def test_a_gate_of_ones_own_that_says_no_is_named_in_the_stop_line(model_server, flower_env):
+    server = model_server({"conversations": [conv("checked", ["Not done."])], "default": ["ok"]})
+    f: Flower = flower_env(server)
+    code, out, err = flower(f, "run", "tests.flows.basic:gated", lang="en")
+    assert code == 1, out + err
+    line = "stopped at step 'checked': it did not pass its check: its gate "
+    assert line + "tests.flows.basic.says_pass said no" in err.splitlines(), err
+    f.assert_no_survivors()
+
+
 def test_the_startup_prompt_on_a_terminal(model_server, flower_env):
     f: Flower = flower_env(model_server({"default": ["ok"]}))
     first = "要做什么? 一句话就够,回车开始(Ctrl-C 退出)"

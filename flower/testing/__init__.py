@@ -19,6 +19,20 @@ then ``model_server(script)`` gives a running server (stopped after the test),
 --flow ...`` subprocess). See :mod:`flower.testing.pytest_plugin`; the README's "Testing
 your own flow offline" has a complete two-step example.
 
+Scripting the starter flow
+--------------------------
+
+:func:`starter_script` (``starter_script(*, work, brief=None, goal=None, verdicts=None,
+questions=())``) builds the script for ``flower "…"`` (seed 003's ``starter_flow``): the
+clarifier's questions and brief, the goal, each round's work and the judge's verdict on it,
+and the answer to ``flower``'s credentials probe, every role matched for you by what flower
+sends it. A round of ``work`` is the turns of the ``coder`` worker the coordinator
+dispatches (or a string, the coordinator's own answer); ``verdicts`` default to "not yet"
+for every round but the last. In ``server.requests`` each request's ``conversation`` names
+its role: ``clarifier``, ``goal``, ``work``, ``coder-N``, ``judge-N`` (round N, a fresh
+session each) or ``probe``. See :mod:`flower.testing.starter`; the README's "Testing your
+own flow offline" runs ``flower "make hi.txt"`` with it.
+
 Pointing the CLI at the server
 ------------------------------
 
@@ -94,6 +108,7 @@ if TYPE_CHECKING:
     from ._log import RecordedRequest
     from ._script import Script
     from .model_server import ModelServer
+    from .starter import starter_script
 
 __doc__ = f"{__doc__}{SCRIPT_FORMAT}"
 
@@ -105,6 +120,7 @@ __all__ = [
     "Script",
     "claude_path",
     "cli_env",
+    "starter_script",
 ]
 
 # Loaded on first use: the server pulls in http.server and threads, the script parser
@@ -113,6 +129,7 @@ _HOME = {
     "ModelServer": "model_server",
     "RecordedRequest": "_log",
     "Script": "_script",
+    "starter_script": "starter",
 }
 
 

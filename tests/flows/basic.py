@@ -23,6 +23,14 @@ two = Workflow(
 
 one = Workflow([Step("only", hands, "[[only]] do it")], name="one")
 
+
+def says_pass(result, ctx):
+    """A gate of the person's own: the step passes when its answer says PASS."""
+    return "PASS" in result.text
+
+
+gated = Workflow([Step("checked", hands, "[[checked]] do it", gate=says_pass)], name="gated")
+
 alpha = Workflow([Step("alpha", hands, "[[alpha]] go")], name="alpha")
 beta = Workflow([Step("beta", hands, "[[beta]] go")], name="beta")
 gamma = Workflow([Step("gamma", hands, "[[gamma]] go")], name="gamma")
