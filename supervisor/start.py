@@ -160,6 +160,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     desk.install()
     await _wait_for_endpoint(rt, term)
     term.rt = rt
+    rt.on_result = term.row_done  # every attempt's and judge round's cost on its own line
     term.oracle = Oracle(
         rt.run_dir,
         rt.workspace,
