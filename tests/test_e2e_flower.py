@@ -75,7 +75,7 @@ def data_strings(value: Any) -> list[str]:
 
 def flowers_own(out: str, data: list[str]) -> list[str]:
     """The output's lines with the model's words and the step labels taken out."""
-    labels = ["确认需求", "设定目标", "干活", "需求.md", "目标.md", "问答记录.md"]
+    labels = ["确认需求", "设定目标", "干活·判定", "干活", "需求.md", "目标.md", "问答记录.md"]
     own = []
     for line in out.splitlines():
         for s in sorted([*data, *labels], key=len, reverse=True):
@@ -84,14 +84,20 @@ def flowers_own(out: str, data: list[str]) -> list[str]:
     return own
 
 
-def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archives(
-    model_server, flower_env, tmp_path
-):
+def sent_back_once(model_server, flower_env, tmp_path) -> tuple[ModelServer, Flower, dict]:
+    """The starter flow scripted so that the judge sends the first round of work back, with
+    the credential probe's one request answered; its server, flower and script."""
     ws = tmp_path / "f0" / "ws"
     spec = script(ws, clarify=ASKS_FIRST, coordinate=WORK, verdict=NOT_MET)
     spec["default"] = ["ok"]  # the credential probe's one request
     server = model_server(spec)
-    f: Flower = flower_env(server)
+    return server, flower_env(server), spec
+
+
+def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archives(
+    model_server, flower_env, tmp_path
+):
+    server, f, spec = sent_back_once(model_server, flower_env, tmp_path)
 
     # A fresh directory, unattended, in English: the whole flow through the supervisor.
     code, out, err = flower(f, ASK, "--timeout", "0", lang="en")
@@ -152,11 +158,7 @@ def blocks(out: str) -> list[tuple[str, list[str]]]:
 def test_each_round_and_judge_round_has_its_block_and_the_costs_on_screen_add_up(
     model_server, flower_env, tmp_path
 ):
-    ws = tmp_path / "f0" / "ws"
-    spec = script(ws, clarify=ASKS_FIRST, coordinate=WORK, verdict=NOT_MET)
-    spec["default"] = ["ok"]  # the credential probe's one request
-    server = model_server(spec)
-    f: Flower = flower_env(server)
+    _, f, _ = sent_back_once(model_server, flower_env, tmp_path)
     code, out, err = flower(f, ASK, "--timeout", "0")
     assert code == 0, out + err
 
