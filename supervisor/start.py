@@ -75,7 +75,8 @@ define(
             "查一下网络;用网关的话查 ANTHROPIC_BASE_URL",
             "check the network, or ANTHROPIC_BASE_URL if you use a gateway",
         ),
-        "start.interrupted": (
+        "start.interrupted": ("! 已打断这一轮。", "! This round is interrupted."),
+        "start.interrupted.subagents": (
             "! 已打断这一轮。正在跑的 subagent 会丢掉半成品。",
             "! This round is interrupted. A subagent that was running loses its unfinished work.",
         ),
@@ -155,6 +156,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     desk.install()
     await _wait_for_endpoint(rt, term)
     term.rt = rt
+    rt.on_result = term.row_done  # every attempt's and judge round's cost on its own line
     term.oracle = Oracle(
         rt.run_dir,
         rt.workspace,
@@ -260,9 +262,11 @@ class SignalDesk:
     async def _interrupt(self) -> None:
         """Ctrl-C once: the step loop stops what is in flight (an attempt in its child, or a
         wait between attempts) and resumes the same session with what the person says."""
+        flying = self.rt.in_flight
         await self.rt.request_interrupt(None)
         self.term.say("")
-        self.term.say(t("start.interrupted"))
+        delegates = flying is not None and may_delegate(flying.task.spec)
+        self.term.say(t("start.interrupted.subagents" if delegates else "start.interrupted"))
         waiting = self.term.questions_waiting()
         if waiting:
             self.term.say(t("start.interrupted.waiting", n=waiting))
@@ -295,6 +299,14 @@ class SignalDesk:
             os.kill(os.getpid(), sig)
             time.sleep(5)  # the signal is delivered before this returns; belt and braces
             os._exit(128 + sig)
+
+
+def may_delegate(spec: Any) -> bool:
+    """Can a step of ``spec`` have subagents running: it declares its own ``agents`` or
+    pre-approves the ``Agent`` tool, and does not disallow it."""
+    if "Agent" in (spec.disallowed_tools or []):
+        return False
+    return bool(spec.agents) or "Agent" in (spec.allowed_tools or [])
 
 
 def _flush() -> None:

@@ -17,6 +17,11 @@ otherwise get wrong:
 * every assistant message carries the context it was given (``payload["context"]``), the
   number a long-horizon run most needs to see.
 
+A tool result's text is the result without the CLI's wrapping (:func:`readable_result`): a
+subagent's report rather than the frame around it. The same vocabulary of the CLI's own
+words in a conversation (fillers, cut-off markers, system reminders, tags) is here for a
+reader of whole transcripts (``flower-super show``).
+
 ``retry``, ``step``, ``handoff`` and ``ask`` share the same :data:`EventKind` but are emitted
 elsewhere (the Runtime, ``Workflow.run``, :class:`~flower.core.human.HumanChannel`), so a UI
 knows one type for everything. UIs should keep an ``else`` branch: kinds may be added.
@@ -24,19 +29,28 @@ knows one type for everything. UIs should keep an ``else`` branch: kinds may be 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, get_args
 
 from .result import Event
 
 __all__ = [
+    "CUT_MARKERS",
     "EVENT_KINDS",
+    "NO_RESPONSE",
     "RESULT_CHARS",
     "SUMMARY_CHARS",
     "SUMMARY_KEYS",
     "Event",
     "EventKind",
+    "cut_kind",
+    "entry_is_synthetic",
     "is_synthetic",
     "normalize",
+    "readable_result",
+    "reminders",
+    "subagent_report",
+    "tagged",
 ]
 
 EventKind = Literal[
@@ -196,7 +210,7 @@ def _block(block: Any, kind: str) -> Event | None:
         return Event("tool_call", text=_summary(args), tool=block.name, payload=payload, raw=block)
     if isinstance(block, ToolResultBlock):
         payload = {"tool_use_id": block.tool_use_id, "is_error": bool(block.is_error)}
-        text = _result_text(block.content)[:RESULT_CHARS]
+        text = readable_result(_result_text(block.content))[:RESULT_CHARS]
         return Event("tool_result", text=text, payload=payload, raw=block)
     if isinstance(block, ServerToolResultBlock):
         # A server tool's result is a dict of its own schema; "<tool>_error" types are failures.
@@ -279,3 +293,99 @@ def context_of(usage: dict[str, Any] | None) -> int:
         "output_tokens",
     )
     return sum(int(usage.get(k) or 0) for k in keys)
+
+
+# -- the CLI's own words in a conversation --------------------------------------------------
+#
+# Besides what the person and the model said, Claude Code (2.1.332) writes words of its own
+# into a session: a filler assistant turn, markers for a turn or a tool call that was cut
+# off, system reminders, tags around command and background-task notices, a frame around a
+# subagent's report. A reader shows them as what they are, never as the model's words.
+
+#: The assistant turn the CLI writes itself (model ``<synthetic>``, not an API error) before
+#: a new prompt when the last turn never got an answer.
+NO_RESPONSE = "No response requested."
+
+#: How the CLI marks a turn or a tool call cut off before it finished (its own list, matched
+#: by prefix), each with what happened: ``user`` the person interrupted it; ``ended`` the
+#: session (or the process running it) ended first; ``skipped`` the call never ran;
+#: ``copied`` its result never reached this copy of a forked session.
+CUT_MARKERS: tuple[tuple[str, str], ...] = (
+    ("[Request interrupted by user", "user"),
+    ("The user doesn't want to take this action right now.", "user"),
+    ("[Request interrupted: the session ended before", "ended"),
+    ("[This turn ended before it finished.]", "ended"),
+    ("[Agent call interrupted:", "ended"),
+    ("[Tool call interrupted:", "ended"),
+    ("[Tool call did not complete:", "skipped"),
+    ("[Tool call skipped:", "skipped"),
+    ("[Tool call result not in this copy:", "copied"),
+)
+#: The CLI's refusal text, and what it appends when the call was stopped while it ran (an
+#: SDK interrupt) rather than refused before it ran.
+_REFUSED = "The user doesn't want to proceed with this tool use."
+_STOPPED = "Correction to the text above: this call was stopped while running"
+
+_HANDBACK = "[Subagent hand-back]"
+_ASYNC_LAUNCH = "Async agent launched successfully."
+_REMINDER = re.compile(r"<system-reminder>\n?(.*?)\n?</system-reminder>\n?", re.S)
+_ERROR_TAG = re.compile(r"</?tool_use_error>")
+
+
+def cut_kind(text: str) -> str | None:
+    """What the CLI's cut-off marker ``text`` says happened (see :data:`CUT_MARKERS`):
+    ``"user"``, ``"ended"``, ``"skipped"``, ``"copied"``, ``"stopped"`` (a running call
+    stopped by an interrupt), or None when ``text`` is not such a marker."""
+    text = text.lstrip()
+    if text.startswith(_REFUSED) and _STOPPED in text:
+        return "stopped"
+    return next((kind for mark, kind in CUT_MARKERS if text.startswith(mark)), None)
+
+
+def entry_is_synthetic(entry: dict[str, Any]) -> bool:
+    """Is this transcript entry an assistant turn the CLI wrote itself (an API error, or
+    the :data:`NO_RESPONSE` filler)? :func:`is_synthetic` for a transcript line."""
+    message = entry.get("message")
+    model = message.get("model") if isinstance(message, dict) else None
+    return entry.get("isApiErrorMessage") is True or model == _SYNTHETIC_MODEL
+
+
+def reminders(text: str) -> tuple[str, list[str]]:
+    """``text`` without the CLI's ``<system-reminder>`` blocks, and what those held."""
+    held = [m.group(1).strip() for m in _REMINDER.finditer(text)]
+    return _REMINDER.sub("", text), held
+
+
+def tagged(text: str, tag: str) -> str | None:
+    """What the first ``<tag>…</tag>`` in ``text`` holds, stripped; None without one."""
+    m = re.search(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.S)
+    return m.group(1).strip() if m else None
+
+
+def subagent_report(text: str) -> str | None:
+    """A subagent's report out of the frame the CLI hands it back in (notes above the
+    frame line, the report indented under it, the agent id and usage after it); None when
+    ``text`` has no such frame."""
+    lines = text.split("\n")
+    head = next((i for i, line in enumerate(lines) if line.startswith(_HANDBACK)), None)
+    if head is None:
+        return None
+    report = []
+    for line in lines[head + 1 :]:
+        if line and not line.startswith("  "):
+            break  # the agent id and usage the CLI adds below the report
+        report.append(line[2:])
+    return "\n".join(report).strip("\n")
+
+
+def readable_result(text: str) -> str:
+    """A tool result's text without the CLI's wrapping: a subagent's report for its
+    hand-back frame, the first sentence of an async launch notice (the rest is metadata
+    the CLI asks never to quote), no system reminders, no ``<tool_use_error>`` tags."""
+    report = subagent_report(text)
+    if report is not None:
+        return report
+    if text.startswith(_ASYNC_LAUNCH):
+        return _ASYNC_LAUNCH
+    text, _ = reminders(text)
+    return _ERROR_TAG.sub("", text)

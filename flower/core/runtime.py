@@ -96,6 +96,9 @@ class Runtime:
         self._interrupting: set[asyncio.Task[None]] = set()
         # Told every session id of a call that brings no ``on_session`` of its own.
         self.on_session: Callable[[str], None] | None = None
+        # Each manifest row this Runtime writes, the moment it is written (an interaction
+        # layer shows what every attempt and judge round cost).
+        self.on_result: Callable[[StepResult], None] | None = None
         self.record: FlowerRecord | None = None
         self.interrupts = Interrupts()
         self.windows: dict[str, Window] = {}  # the CLI's real windows, learned per model
@@ -344,6 +347,8 @@ class Runtime:
                 "%s",
                 t("runtime.manifest_unwritten", path=self.run_dir / "manifest.json", error=exc),
             )
+        if self.on_result is not None:
+            self.on_result(result)
         return result
 
     def _attempt_began(self, n: int) -> None:
