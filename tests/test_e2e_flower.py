@@ -397,7 +397,11 @@ def test_once_shows_its_real_time_and_cost_and_resumes(model_server, flower_env)
     assert float(m.group(3)) == pytest.approx(row["cost_usd"], abs=1e-4)
     assert m.group(4) == row["session_id"]
     shown = int(m.group(1)) * 60 + int(m.group(2))
-    assert shown >= 1 and 0 <= took - shown < 3, (shown, took)
+    # What it shows is what the step took (its manifest row's duration, to the second shown),
+    # never more than the whole command took (start-up and the credentials probe before it
+    # stretch under load, so the wall clock bounds it from above only).
+    assert shown >= 1 and shown <= took, (shown, took)
+    assert abs(shown - row["duration_s"]) < 1.5, (shown, row["duration_s"])
     assert f"总花费 ${row['cost_usd']:.4f} · 清单 {f.runs / 'manifest.json'}" in out
     # --resume carries that session on.
     code, out, err = flower(f, "once", "[[once]] 再看一眼", "--resume", row["session_id"])
