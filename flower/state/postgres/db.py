@@ -217,6 +217,15 @@ class Database:
         self._pid = os.getpid()
         _ALL.add(self)
 
+    def __del__(self) -> None:
+        # the last store of this database in this process is gone: so is its connection
+        # (in a forked child the inherited ones are the parent's, kept in _ABANDONED)
+        if getattr(self, "_pid", None) == os.getpid():
+            for conn in (self._conn, self._listener):
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+
     @classmethod
     def shared(cls, url: StateURL) -> Database:
         """The one object of this process for ``url`` (made on first use)."""
