@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import stat
@@ -80,6 +81,8 @@ STATE_FILE = "flower-pg.json"
 SERVICE_USERS = ("postgres", "flower-pg")  # the first that exists; the second is created
 START_TIMEOUT_S = 60  # pg_ctl -w; a loaded 2-core machine has taken 3.5 s for initdb alone
 LOG_LINES = 3  # of the server's log in an error: the reason is in the first lines
+# a log line's prefix, "2026-12-02 01:51:53.634 GMT [11616] "
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \S+ \[\d+\] ")
 
 
 class PostgresStartError(FlowerError):
@@ -212,8 +215,8 @@ def start_postgres(dir: str | Path | None = None, *, durable: bool = True) -> Pg
             try:
                 server._start()
                 break
-            except PostgresStartError:
-                if tries_left == 0 or "could not bind" not in _read(server.log):
+            except PostgresStartError as exc:
+                if tries_left == 0 or "could not bind" not in exc.message:
                     raise
         server._save()
     except BaseException:
@@ -305,6 +308,7 @@ def _run(server: PgServer, command: list[str]) -> None:
     held open by the daemonised postmaster would never reach end of file)."""
     user = pwd.getpwnam(server.user) if server.user else None
     out = server.dir / "commands.out"
+    marks = {path: _size(path) for path in (server.log, out)}  # what this command adds
     kwargs: dict[str, Any] = {}
     if user is not None:
         kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
@@ -329,7 +333,8 @@ def _run(server: PgServer, command: list[str]) -> None:
         except (OSError, subprocess.SubprocessError) as exc:
             raise _failed(server, str(exc)) from None
     if done.returncode != 0:
-        raise _failed(server, _first_lines(server.log) or _first_lines(out, last=True))
+        what = _first_lines(server.log, marks[server.log]) or _first_lines(out, marks[out])
+        raise _failed(server, what)
 
 
 def _failed(server: PgServer, what: str) -> PostgresStartError:
@@ -338,19 +343,25 @@ def _failed(server: PgServer, what: str) -> PostgresStartError:
     )
 
 
-def _read(path: Path) -> str:
+def _size(path: Path) -> int:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _first_lines(path: Path, start: int) -> str:
+    """The first lines ``path`` got after offset ``start`` (the server's reason comes
+    first: "could not bind ...", "unrecognized configuration parameter ..."), each without
+    its timestamp, joined by ' | '."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-def _first_lines(path: Path, *, last: bool = False) -> str:
-    """The log's first lines that say something (FATAL/ERROR lines first), joined by ' | '."""
-    lines = [line.strip() for line in _read(path).splitlines() if line.strip()]
-    bad = [line for line in lines if any(w in line for w in ("FATAL", "ERROR", "PANIC"))]
-    picked = bad or (lines[-LOG_LINES:] if last else lines)
-    return " | ".join(picked[:LOG_LINES])
+    lines = [_STAMP.sub("", line).strip() for line in text.splitlines()]
+    return " | ".join([line for line in lines if line][:LOG_LINES])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
