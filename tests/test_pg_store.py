@@ -14,11 +14,12 @@ import warnings
 
 import psycopg
 import pytest
+from claude_agent_sdk import fold_session_summary
 from claude_agent_sdk.testing import run_session_store_conformance
 from claude_agent_sdk.types import SessionStore
 
 from flower.state.postgres import PostgresSessionStore, PostgresState, SchemaTooNew
-from flower.state.postgres.schema import CURRENT, MIGRATIONS, Sql, ensure
+from flower.state.postgres.schema import CURRENT, MIGRATIONS, Sql, ensure, statements
 from flower.state.seam import LedgerRow, Sessions, Superseded
 
 OPTIONAL = ("list_sessions", "list_session_summaries", "delete", "list_subkeys")
@@ -111,6 +112,33 @@ def test_the_summary_is_folded_in_the_append_transaction(store: PostgresSessionS
     asyncio.run(store.append(KEY, [e(1, timestamp="2026-01-01T00:00:00.000Z")]))
     asyncio.run(store.append(KEY, [e(1, timestamp="2026-01-01T00:00:00.000Z")]))  # no news
     (summary,) = asyncio.run(store.list_session_summaries("proj"))
+    (listed,) = asyncio.run(store.list_sessions("proj"))
+    assert summary["mtime"] == listed["mtime"]
+
+
+def test_the_summary_stays_exact_when_another_writer_folded_it_meanwhile(
+    store: PostgresSessionStore, pg_dsn: str
+) -> None:
+    """A process folds a session's summary in one round trip from the one it folded last;
+    when that is not the stored one any more, nothing of the try stays and the append
+    folds the stored one."""
+    first = [e(1, timestamp="2026-01-01T00:00:01.000Z", customTitle="mine")]
+    asyncio.run(store.append(KEY, first))
+    asyncio.run(store.append(KEY, [e(2, timestamp="2026-01-01T00:00:02.000Z")]))  # one trip
+    theirs = fold_session_summary(None, KEY, [*first, e(9, customTitle="theirs")])["data"]
+    sql(  # another writer (a process of its own) folded the summary meanwhile
+        pg_dsn,
+        "UPDATE flower.summaries SET mtime = mtime + 1, data = %s",
+        (json.dumps(theirs),),
+    )
+    last = e(3, timestamp="2026-01-01T00:00:03.000Z")
+    asyncio.run(store.append(KEY, [last]))
+    assert store.load_sync(KEY) == [*first, e(2, timestamp="2026-01-01T00:00:02.000Z"), last]
+    (summary,) = asyncio.run(store.list_session_summaries("proj"))
+    assert (
+        summary["data"]
+        == fold_session_summary(None, KEY, [*first, e(9, customTitle="theirs"), last])["data"]
+    )
     (listed,) = asyncio.run(store.list_sessions("proj"))
     assert summary["mtime"] == listed["mtime"]
 
@@ -274,9 +302,8 @@ def test_an_older_schema_is_upgraded_in_place(pg_dsn: str, version: int) -> None
         conn.execute(q("CREATE TABLE {s}.schema_version (version integer NOT NULL)"))
         conn.execute(q("INSERT INTO {s}.schema_version VALUES (%s)"), (version,))
         for migration in MIGRATIONS[:version]:
-            for statement in migration.split(";"):
-                if statement.strip():
-                    conn.execute(q(statement))
+            for statement in statements(migration):
+                conn.execute(q(statement))
         if version >= 1:
             entry = "INSERT INTO {s}.entries (key, uuid, data) VALUES ('proj/sess', 'u1', %s)"
             conn.execute(q(entry), (json.dumps(e(1)),))

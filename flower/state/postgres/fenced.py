@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from claude_agent_sdk import fold_session_summary
 from claude_agent_sdk.types import SessionKey, SessionStoreEntry, SessionSummaryEntry
 
@@ -88,6 +89,40 @@ meta AS (
 )
 SELECT (SELECT mtime FROM fence), ARRAY(SELECT uuid FROM ins WHERE uuid IS NOT NULL)
 """
+
+# The same in one round trip, for a process that folded the session's summary last (the
+# common case: one attempt writes its session). It folds the batch into the summary it
+# remembers (%(folded)s) and puts it in only if that summary is still the stored one and
+# every entry was new; else stale_summary() fails the statement, the transaction rolls
+# back, and append() takes the general path.
+_APPEND_FOLDED = f"""
+WITH fence AS ({_FENCE}),
+ins AS (
+    INSERT INTO {{s}}.entries (key, uuid, data)
+    SELECT %(key)s, e.uuid, e.data
+    FROM fence, unnest(%(uuids)s::text[], %(datas)s::text[]) WITH ORDINALITY AS e(uuid, data, n)
+    ORDER BY e.n
+    ON CONFLICT (key, uuid) WHERE uuid IS NOT NULL DO NOTHING
+    RETURNING uuid
+),
+meta AS (
+    INSERT INTO {{s}}.meta (key, project_key, session_id, subpath, mtime)
+    SELECT %(key)s, %(pk)s, %(sid)s, NULL, fence.mtime FROM fence
+    WHERE EXISTS (SELECT FROM ins)
+    ON CONFLICT (key) DO UPDATE SET mtime = EXCLUDED.mtime
+),
+summary AS (
+    UPDATE {{s}}.summaries AS m SET mtime = fence.mtime, data = %(folded)s
+    FROM fence
+    WHERE m.project_key = %(pk)s AND m.session_id = %(sid)s AND m.mtime = %(prev)s
+        AND (SELECT count(*) FROM ins) = %(count)s
+    RETURNING 1
+)
+SELECT mtime, CASE WHEN NOT EXISTS (SELECT FROM summary) THEN {{s}}.stale_summary() END
+FROM fence
+"""
+STALE = "FL001"  # stale_summary()'s SQLSTATE
+REMEMBERED = 64  # sessions whose summary a process keeps for the one-round-trip path
 
 _SUMMARY = "SELECT mtime, data FROM {s}.summaries WHERE project_key = %s AND session_id = %s"
 _PUT_SUMMARY = """
@@ -178,6 +213,10 @@ def append(conn: Conn, sql: Sql, epoch: int, args: dict[str, Any], entries: Any)
         if mtime is None:
             raise superseded(conn, sql, sid, epoch)
         return
+    parsed = entries if entries is not None else [json.loads(d) for d in args["datas"]]
+    key: SessionKey = {"project_key": pk, "session_id": sid}
+    if _append_folded(conn, sql, params, key, parsed):
+        return
     # Two round trips: BEGIN, the append and the summary's read go together (the read is
     # its own statement, so it sees what the session's previous writer committed before
     # the fence let this one in); the folded summary and COMMIT go together.
@@ -189,15 +228,44 @@ def append(conn: Conn, sql: Sql, epoch: int, args: dict[str, Any], entries: Any)
         row = summary.fetchone()
         if mtime is None:
             raise superseded(conn, sql, sid, epoch)
-        fresh = _fresh(args["uuids"], args["datas"], entries, set(fresh_uuids or ()))
+        fresh = _fresh(args["uuids"], parsed, set(fresh_uuids or ()))
         if not fresh:  # a retried batch that had landed: nothing changed
             return
         prev: SessionSummaryEntry | None = None
         if row is not None:
             prev = {"session_id": sid, "mtime": row[0], "data": json.loads(row[1])}
-        key: SessionKey = {"project_key": pk, "session_id": sid}
         folded = fold_session_summary(prev, key, fresh)
         conn.execute(sql(_PUT_SUMMARY), (pk, sid, mtime, _to_json(folded["data"])))
+    _remember(sql, (pk, sid), (mtime, folded["data"]))
+
+
+def _append_folded(
+    conn: Conn,
+    sql: Sql,
+    params: dict[str, Any],
+    key: SessionKey,
+    entries: list[SessionStoreEntry],
+) -> bool:
+    """The one-round-trip append (:data:`_APPEND_FOLDED`); False when it cannot be used
+    (no summary remembered, or not the stored one any more), and nothing was written."""
+    pk, sid = key["project_key"], key["session_id"]
+    known = sql.summaries.get((pk, sid))
+    if known is None:
+        return False
+    prev: SessionSummaryEntry = {"session_id": sid, "mtime": known[0], "data": known[1]}
+    folded = fold_session_summary(prev, key, entries)
+    extra = {"prev": known[0], "folded": _to_json(folded["data"]), "count": len(entries)}
+    try:
+        row = _one_trip(conn, sql(_APPEND_FOLDED), {**params, **extra})
+    except psycopg.Error as exc:
+        if exc.sqlstate != STALE:
+            raise
+        del sql.summaries[(pk, sid)]
+        return False
+    if row is None:
+        raise superseded(conn, sql, sid, params["epoch"])
+    _remember(sql, (pk, sid), (row[0], folded["data"]))
+    return True
 
 
 def _one_trip(conn: Conn, query: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -209,8 +277,15 @@ def _one_trip(conn: Conn, query: str, params: dict[str, Any]) -> tuple[Any, ...]
     return cur.fetchone()
 
 
+def _remember(sql: Sql, key: tuple[str, str], summary: tuple[int, dict[str, Any]]) -> None:
+    sql.summaries.pop(key, None)
+    sql.summaries[key] = summary
+    while len(sql.summaries) > REMEMBERED:  # the oldest first (dicts keep insertion order)
+        del sql.summaries[next(iter(sql.summaries))]
+
+
 def _fresh(
-    uuids: list[str | None], datas: list[str], entries: Any, stored: set[str]
+    uuids: list[str | None], entries: list[SessionStoreEntry], stored: set[str]
 ) -> list[SessionStoreEntry]:
     """The entries this append stored: every one without a uuid, and the first of each
     uuid the database took."""
@@ -220,7 +295,7 @@ def _fresh(
             if uuid not in stored:
                 continue
             stored.discard(uuid)  # a uuid twice in one batch: the first one is stored
-        out.append(entries[n] if entries is not None else json.loads(datas[n]))
+        out.append(entries[n])
     return out
 
 

@@ -17,6 +17,7 @@ in SQLite: stored exactly, parsed only when loaded.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import FlowerError
@@ -47,8 +48,9 @@ class SchemaTooNew(FlowerError):
     """The database's flower schema was written by a newer flower."""
 
 
-#: What each version adds, in order: version N is MIGRATIONS[:N] applied. Statements are
-#: separated by ";" and name the schema as ``{s}``. Never edit one that shipped: add one.
+#: What each version adds, in order: version N is MIGRATIONS[:N] applied. Statements end
+#: with ";" at the end of a line and name the schema as ``{s}``. Never edit one that
+#: shipped: add one.
 MIGRATIONS: list[str] = [
     # 1: sessions (the SDK's SessionStore), their fencing, the tool ledger, spool delivery
     """
@@ -100,7 +102,9 @@ MIGRATIONS: list[str] = [
     CREATE TABLE {s}.spools (
         spool     text PRIMARY KEY,
         delivered bigint NOT NULL
-    )
+    );
+    CREATE FUNCTION {s}.stale_summary() RETURNS integer LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'stale summary' USING ERRCODE = 'FL001'; END $$
     """,
     # 2: the rest of a run's state: lineage, manifest, registry, cache, events
     """
@@ -159,6 +163,9 @@ class Sql:
         self.schema = schema
         self._quoted = '"' + schema.replace('"', '""') + '"'
         self._made: dict[str, str] = {}
+        #: (project_key, session_id) -> (mtime, data) of the summaries this process folded
+        #: last: :func:`flower.state.postgres.fenced.append`'s one-round-trip path.
+        self.summaries: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
 
     def __call__(self, template: str) -> str:
         made = self._made.get(template)
@@ -190,13 +197,17 @@ def ensure(conn: psycopg.Connection[tuple[Any, ...]], sql: Sql, where: str) -> N
         version = int(row[0]) if row else 0
         _refuse_newer(version, sql, where)
         for migration in MIGRATIONS[version:]:
-            for statement in migration.split(";"):
-                if statement.strip():
-                    conn.execute(sql(statement))
+            for statement in statements(migration):
+                conn.execute(sql(statement))
         if row is None:
             conn.execute(sql("INSERT INTO {s}.schema_version (version) VALUES (%s)"), (CURRENT,))
         else:
             conn.execute(sql("UPDATE {s}.schema_version SET version = %s"), (CURRENT,))
+
+
+def statements(migration: str) -> list[str]:
+    """A migration's statements, in order."""
+    return [s for s in re.split(r";\s*\n", migration) if s.strip()]
 
 
 def _refuse_newer(version: int, sql: Sql, where: str) -> None:

@@ -10,8 +10,9 @@ implemented; it passes ``claude_agent_sdk.testing.run_session_store_conformance`
 
 Beyond SQLite: *fencing* (:meth:`begin_attempt`, :meth:`claim`; the rules are in
 :mod:`.fenced`), and an outage of the database loses no entry (the spool, :mod:`.db`).
-Eager flush needs nothing special: an append is one statement (two more for the main
-transcript's summary), committed before ``append`` returns.
+Eager flush needs nothing special: an append is committed before ``append`` returns, in
+one round trip (two when the main transcript's summary has to be read first: a process's
+first append to a session, a retried batch, or another writer's fold since).
 """
 
 from __future__ import annotations
