@@ -15,9 +15,13 @@ workspace-scoped state names it.
 
 Fencing: an attempt that writes a session holds an *epoch* (:meth:`Sessions.begin_attempt`,
 a number from the backend that only grows). Claiming a session (:meth:`Sessions.claim`) or
-writing to it records the epoch; a write that carries a lower epoch than the session's is
-refused with :class:`Superseded`. The local backend has one machine and one writer per
-session (the supervisor sees to it): its epochs are never refused.
+writing to it (a transcript append, a ledger row) records the epoch; a write that carries a
+lower epoch than the session's is refused with :class:`Superseded` and writes nothing. An
+object that never began an attempt has epoch 0 (``status``, ``show``, the supervisor, an
+export, a library user's own store): it reads anything and writes only sessions that no
+attempt owns yet. Deleting a session is not fenced (a person's decision, not an
+attempt's). The local backend has one machine and one writer per session (the supervisor
+sees to it): its epochs are never refused.
 
 This module imports nothing of flower's step machinery; backends import it, never the
 other way round.
@@ -180,7 +184,9 @@ class LineageRows(Protocol):
     def update(self, workspace_id: str) -> Iterator[list[LineageDoc | None]]:
         """Read-modify-write under a lock other writers of the same workspace wait on:
         yields a one-item list holding the current doc (or None); whatever the list holds
-        when the block ends is written (None: nothing is written)."""
+        when the block ends is written (None: nothing is written). The block may use the
+        backend's synchronous methods but must not await its coroutines (PostgreSQL holds
+        the process's connection in a transaction for the block)."""
         ...
 
     def archive(self, workspace_id: str, stamp: str) -> bool:
@@ -200,7 +206,12 @@ class ManifestRows(Protocol):
 
 class RegistryRows(Protocol):
     """Who ran here. A record is a :class:`flower.core.registry.FlowerRecord` as a dict,
-    with ``host`` and ``heartbeat_at`` set by the backend on every write."""
+    with ``host`` and ``heartbeat_at`` set by the backend on every write.
+
+    The record names its workspace by a ``workspace_id`` key (``records(workspace_id)``
+    filters on it; PostgreSQL falls back to ``workspace``, the path, when it is missing).
+    ``heartbeat_at`` is epoch seconds in the backend's clock (the database server's for
+    PostgreSQL), so leases written from several machines compare on one clock."""
 
     def write(self, record: dict[str, Any]) -> None: ...
 
@@ -242,7 +253,8 @@ class EventRows(Protocol):
         ...
 
     def read(self, run: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
-        """The run's events after position ``after``, each with its position."""
+        """The run's events after position ``after``, each with its position (positions
+        only grow; they need not be consecutive)."""
         ...
 
     def wait(self, run: str, after: int, timeout: float) -> bool:
