@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -143,7 +144,9 @@ def test_kill_9_during_an_outage_loses_no_entry(
     assert writer.ask("append 0 3") == "appended 3"
     server.down()
     assert writer.ask("append 3 8") == "appended 8"  # acknowledged: in the spool, fsynced
-    assert len(spooled(tmp_path)) == 1
+    (spool,) = spooled(tmp_path)
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o600  # it holds transcripts
+    assert stat.S_IMODE(spool.parent.stat().st_mode) == 0o700
     writer.kill()
     server.up()
     assert stored(dsn) == [0, 1, 2]  # nobody delivered the dead writer's spool yet
