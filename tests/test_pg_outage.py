@@ -29,7 +29,9 @@ from flower.state.postgres import (
     PostgresState,
     PostgresUnavailable,
     StateURLError,
+    parse_state_url,
 )
+from flower.state.postgres.spool import spool_dir
 from flower.state.seam import Superseded
 from flower.testing.postgres import PgServer, start_postgres
 from flower.testing.pytest_postgres import database_url
@@ -283,3 +285,22 @@ def test_a_superseded_write_says_so_in_one_line(dsn: str) -> None:
         assert "sess" in one_line(caught.value)
     finally:
         old.close()
+
+
+def test_an_unreadable_spool_of_a_dead_process_is_set_aside_not_in_the_way(
+    dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    PostgresSessionStore(dsn).close()  # the database's spool directory, as the store names it
+    directory = spool_dir(parse_state_url(dsn).database_key)
+    directory.mkdir(parents=True)
+    (directory / "1-1-aaaaaa.spool").write_bytes(b"\x00garbage, not a spool\n")
+    with caplog.at_level(logging.WARNING, logger="flower"):
+        store = PostgresSessionStore(dsn)
+    try:
+        asyncio.run(store.append(KEY, [e(1)]))  # type: ignore[list-item]
+        assert store.load_sync(KEY) == [e(1)]
+        kept = [p.name for p in directory.iterdir()]
+        assert len(kept) == 1 and kept[0].startswith("1-1-aaaaaa.spool.unreadable-"), kept
+        assert any("1-1-aaaaaa.spool" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()

@@ -41,6 +41,7 @@ import psycopg
 
 from ..._errors import FlowerError
 from ...i18n import define, t
+from ...util.fsutil import set_aside
 from ..seam import StateUnavailable, Superseded
 from . import schema
 from .fenced import OPS
@@ -111,6 +112,10 @@ define(
             "补交记录 {spool} 里有不认得的操作 {op!r}(更新的 flower 写的?);跳过了它",
             "spool {spool} holds an operation this flower does not know ({op!r}, written "
             "by a newer flower?); skipped it",
+        ),
+        "state.pg.spool_unreadable": (
+            "补交记录 {spool} 读不了({why});留作 {aside}",
+            "spool {spool} cannot be read ({why}); kept it as {aside}",
         ),
         "state.pg.spool_stuck": (
             "补交记录 {spool} 交不进去:{why};留在本机,稍后再试",
@@ -286,17 +291,31 @@ class Database:
     def _install(self, conn: Conn) -> Conn:
         """Make ``conn`` this process's connection, delivering dead processes' spools."""
         self._conn = conn
-        try:
-            for orphan in orphans(spool_dir(self.url.database_key)):
-                try:
-                    self._deliver(conn, orphan, limit=None)
-                    orphan.remove()
-                    self._forget(conn, orphan.id)
-                finally:
-                    orphan.close()
-        except psycopg.Error as exc:
-            raise self._failed(conn, exc) from None
+        for orphan in orphans(spool_dir(self.url.database_key)):
+            try:
+                self._deliver(conn, orphan, limit=None)
+                orphan.remove()
+                self._forget(conn, orphan.id)
+            except psycopg.Error as exc:
+                failure = self._failed(conn, exc)
+                if isinstance(failure, StateUnavailable):
+                    raise failure from None
+                # kept for the next process that connects (the database refuses it now)
+                log.warning("%s", t("state.pg.spool_stuck", spool=orphan.path, why=failure))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                self._set_aside(orphan, exc)
+            finally:
+                orphan.close()
         return conn
+
+    @staticmethod
+    def _set_aside(spool: SpoolFile, exc: BaseException) -> None:
+        """A spool file that cannot be read: kept beside itself for a person, never deleted."""
+        try:
+            aside: object = set_aside(spool.path, "unreadable")
+        except OSError as move:
+            aside = move
+        log.warning("%s", t("state.pg.spool_unreadable", spool=spool.path, why=exc, aside=aside))
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -89,7 +89,9 @@ class SpoolFile:
     @classmethod
     def claim(cls, path: Path) -> SpoolFile | None:
         """Another process's file, locked for delivery; None while its writer lives, or
-        when another process delivered it already."""
+        when another process delivered it already. A file without a readable header is
+        returned all the same (its id empty): reading its records fails, and the caller
+        sets it aside."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError:
@@ -99,12 +101,14 @@ class SpoolFile:
             if os.fstat(fd).st_nlink == 0:  # delivered and removed while we waited
                 raise BlockingIOError
             first = os.pread(fd, 4096, 0).split(b"\n", 1)[0]
-            spool_id = json.loads(first)["spool"]
-            header = len(first) + 1
-        except (OSError, ValueError, KeyError, TypeError):
+        except OSError:
             os.close(fd)
             return None
-        return cls(path, fd, str(spool_id), header)
+        try:
+            spool_id, header = str(json.loads(first)["spool"]), len(first) + 1
+        except (ValueError, KeyError, TypeError):
+            spool_id, header = "", 0  # damaged: its first "record" will not parse
+        return cls(path, fd, spool_id, header)
 
     def add(self, op: str, epoch: int, args: dict[str, Any]) -> None:
         """Append one record and fsync it: once this returns, a kill -9 cannot lose it."""
