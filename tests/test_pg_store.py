@@ -340,15 +340,31 @@ def test_the_tables_live_in_their_own_schema(pg_dsn: str) -> None:
     assert tables == [("team_a",)]
 
 
-def test_importing_the_backend_loads_neither_the_driver_nor_the_sdk() -> None:
+def loaded(code: str, *prefixes: str) -> list[str]:
+    """The modules under ``prefixes`` a fresh interpreter has loaded after ``code``."""
     probe = (
-        "import sys, flower.state.postgres as p\n"
-        "p.parse_state_url('postgres://u:pw@h/db')\n"
-        "heavy = ('psycopg', 'claude_agent_sdk')\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+        f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=50, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    return list(json.loads(done.stdout.strip().replace("'", '"')))
+
+
+def test_parsing_a_state_url_loads_neither_the_driver_nor_the_sdk() -> None:
+    code = "import flower.state.postgres as p\np.parse_state_url('postgres://u:pw@h/db')"
+    assert loaded(code, "psycopg", "claude_agent_sdk") == []
+
+
+@pytest.mark.timeout(120)  # interpreters that import psycopg and flower (seconds on a busy CI)
+def test_the_state_s_rows_need_no_sdk(pg_dsn: str) -> None:
+    """status reads the registry and the manifest: without the SDK (a second to import)."""
+    code = (
+        "from flower.state.postgres import PostgresState\n"
+        f"s = PostgresState({pg_dsn!r})\n"
+        "s.registry.records(); s.manifest.rows(); s.lineage.read('ws'); s.close()"
+    )
+    assert loaded(code, "claude_agent_sdk", "anyio", "flower.stores") == []
+    with_sessions = code.replace("s.close()", "s.sessions.has_session(None, 'x'); s.close()")
+    assert "claude_agent_sdk" in loaded(with_sessions, "claude_agent_sdk")

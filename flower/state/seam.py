@@ -24,19 +24,21 @@ attempt's). The local backend has one machine and one writer per session (the su
 sees to it): its epochs are never refused.
 
 This module imports nothing of flower's step machinery; backends import it, never the
-other way round.
+other way round. The errors (:mod:`.errors`) and row records (:mod:`.records`) live in
+modules of their own, light to import, and are re-exported here: the protocols need the
+SDK's ``SessionStore``, ``status`` must not load it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from claude_agent_sdk.types import SessionKey, SessionStore, SessionStoreEntry
 
-from .._errors import FlowerError
+from .errors import StateUnavailable, Superseded
+from .records import LedgerRow, LineageDoc
 
 __all__ = [
     "CacheRows",
@@ -52,18 +54,6 @@ __all__ = [
     "StateUnavailable",
     "Superseded",
 ]
-
-
-class StateUnavailable(FlowerError):
-    """The backend cannot be reached right now (PostgreSQL down, a disk that refuses).
-
-    Callers on the continuity path wait and retry (like an API outage) or, where the write
-    is best-effort, warn once and go on; never a traceback for a person."""
-
-
-class Superseded(FlowerError):
-    """A write from an attempt whose epoch is lower than the session's: a newer attempt
-    owns the session now. The write did not happen."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -119,24 +109,6 @@ class Sessions(SessionStore, Protocol):
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LedgerRow:
-    """One tool call as stored. JSON columns are JSON text (as written by the ledger)."""
-
-    tool_use_id: str
-    session_id: str
-    agent_id: str | None
-    name: str
-    input: str  # JSON text
-    state: str  # started | done | failed | interrupted
-    started_at: float
-    message: str | None = None  # JSON text
-    response: str | None = None  # JSON text
-    content: str | None = None  # JSON text
-    is_error: bool = False
-    ended_at: float | None = None
-
-
 class LedgerRows(Protocol):
     """Where the tool ledger's rows live (fenced like the session they belong to)."""
 
@@ -164,15 +136,6 @@ class LedgerRows(Protocol):
 # ---------------------------------------------------------------------------------------
 # lineage, manifest, registry, cache, events
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class LineageDoc:
-    """What lineage stores for one workspace: ``lineage.json``'s three fields."""
-
-    workspace: str  # the workspace as the writer saw it (an absolute path)
-    woke: int
-    steps: dict[str, str]
 
 
 class LineageRows(Protocol):

@@ -42,7 +42,7 @@ import psycopg
 from ..._errors import FlowerError
 from ...i18n import define, t
 from ...util.fsutil import set_aside
-from ..seam import StateUnavailable, Superseded
+from ..errors import StateUnavailable, Superseded
 from . import schema
 from .fenced import OPS
 from .spool import Record, SpoolFile, orphans, spool_dir

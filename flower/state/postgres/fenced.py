@@ -28,15 +28,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from claude_agent_sdk import fold_session_summary
-from claude_agent_sdk.types import SessionKey, SessionStoreEntry, SessionSummaryEntry
 
 from ...i18n import define, t
-from ...stores.sqlite import _to_json
-from ..seam import Superseded
+from ..errors import Superseded
 
 if TYPE_CHECKING:
-    import psycopg
+    from claude_agent_sdk.types import SessionKey, SessionStoreEntry, SessionSummaryEntry
 
     from .schema import Sql
 
@@ -189,6 +186,21 @@ def superseded(conn: Conn, sql: Sql, session_id: str, epoch: int) -> Superseded:
     )
 
 
+def _fold(
+    prev: SessionSummaryEntry | None, key: SessionKey, entries: list[SessionStoreEntry]
+) -> SessionSummaryEntry:
+    # the SDK is loaded in every process that appends transcripts (the attempts); only one
+    # that delivers a dead process's spool (status, say) loads it here, when it must
+    from claude_agent_sdk import fold_session_summary
+
+    return fold_session_summary(prev, key, entries)
+
+
+def _json(value: Any) -> str:
+    """Compact JSON text, ASCII (a lone surrogate stays encodable, escaped)."""
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -234,8 +246,8 @@ def append(conn: Conn, sql: Sql, epoch: int, args: dict[str, Any], entries: Any)
         prev: SessionSummaryEntry | None = None
         if row is not None:
             prev = {"session_id": sid, "mtime": row[0], "data": json.loads(row[1])}
-        folded = fold_session_summary(prev, key, fresh)
-        conn.execute(sql(_PUT_SUMMARY), (pk, sid, mtime, _to_json(folded["data"])))
+        folded = _fold(prev, key, fresh)
+        conn.execute(sql(_PUT_SUMMARY), (pk, sid, mtime, _json(folded["data"])))
     _remember(sql, (pk, sid), (mtime, folded["data"]))
 
 
@@ -253,8 +265,8 @@ def _append_folded(
     if known is None:
         return False
     prev: SessionSummaryEntry = {"session_id": sid, "mtime": known[0], "data": known[1]}
-    folded = fold_session_summary(prev, key, entries)
-    extra = {"prev": known[0], "folded": _to_json(folded["data"]), "count": len(entries)}
+    folded = _fold(prev, key, entries)
+    extra = {"prev": known[0], "folded": _json(folded["data"]), "count": len(entries)}
     try:
         row = _one_trip(conn, sql(_APPEND_FOLDED), {**params, **extra})
     except psycopg.Error as exc:

@@ -19,9 +19,9 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.types.json import Json
 
-from ...stores.sqlite import _to_json
-from ..seam import LedgerRow, LineageDoc
+from ..records import LedgerRow, LineageDoc
 from .db import Conn, Database
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class PostgresLineageRows:
             yield box
             doc = box[0]
             if doc is not None:
-                params = (workspace_id, doc.workspace, int(doc.woke), _to_json(doc.steps))
+                params = (workspace_id, doc.workspace, int(doc.woke), Json(doc.steps))
                 conn.execute(sql, params)
 
     def archive(self, workspace_id: str, stamp: str) -> bool:
@@ -171,7 +171,7 @@ class PostgresManifestRows:
 
     def append(self, workspace_id: str, row: dict[str, Any]) -> None:
         sql = self._db.sql("INSERT INTO {s}.manifest (workspace_id, row) VALUES (%s, %s::json)")
-        self._db.run(lambda conn: conn.execute(sql, (workspace_id, _to_json(row))))
+        self._db.run(lambda conn: conn.execute(sql, (workspace_id, Json(row))))
 
     def rows(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
         where, params = _of_workspace(workspace_id)
@@ -210,7 +210,7 @@ class PostgresRegistryRows:
             workspace_id,
             float(record.get("started_at") or 0.0),
             self.host,
-            _to_json(kept),
+            Json(kept),
         )
         self._db.run(lambda conn: conn.execute(sql, params))
 
@@ -264,7 +264,7 @@ class PostgresCacheRows:
             " ON CONFLICT (key) DO UPDATE SET created_at = EXCLUDED.created_at,"
             " entry = EXCLUDED.entry"
         )
-        params = (key, float(entry.get("created_at") or 0.0), _to_json(entry))
+        params = (key, float(entry.get("created_at") or 0.0), Json(entry))
         self._db.run(lambda conn: conn.execute(sql, params))
 
     def evict(self, *, max_entries: int, max_age_s: float, now: float) -> int:
@@ -298,7 +298,7 @@ class PostgresEventRows:
             "WITH ins AS (INSERT INTO {s}.events (run, event) VALUES (%s, %s::json) RETURNING pos)"
             " SELECT pg_notify(%s, %s) FROM ins"
         )
-        params = (run, _to_json(event), self.channel, run)
+        params = (run, Json(event), self.channel, run)
         self._db.run(lambda conn: conn.execute(sql, params))
 
     def read(self, run: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:

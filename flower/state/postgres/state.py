@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+from typing import TYPE_CHECKING
+
 from .db import Database
 from .rows import (
     PostgresCacheRows,
@@ -12,8 +15,10 @@ from .rows import (
     PostgresManifestRows,
     PostgresRegistryRows,
 )
-from .sessions import PostgresSessionStore
 from .url import StateURL, parse_state_url
+
+if TYPE_CHECKING:
+    from .sessions import PostgresSessionStore
 
 __all__ = ["PostgresState"]
 
@@ -28,7 +33,9 @@ class PostgresState:
     ``where`` is the URL with its password masked, for people.
 
     :attr:`sessions` and :attr:`ledger` share one epoch: ``sessions.begin_attempt()`` fences
-    the ledger's writes too. All objects share this process's one connection.
+    the ledger's writes too. All objects share this process's one connection. The session
+    store (and with it the SDK) is loaded on first use of :attr:`sessions` or
+    :attr:`ledger`: ``status`` reading the registry and the manifest does without both.
     """
 
     kind = "postgres"
@@ -39,8 +46,9 @@ class PostgresState:
         self._db.open()
         self.url = parsed
         self.where = parsed.masked()
-        self._sessions = PostgresSessionStore.on(self._db)
-        self._ledger = PostgresLedgerRows(self._db, self._sessions)
+        self._made = threading.Lock()
+        self._sessions: PostgresSessionStore | None = None
+        self._ledger: PostgresLedgerRows | None = None
         self._lineage = PostgresLineageRows(self._db)
         self._manifest = PostgresManifestRows(self._db)
         self._registry = PostgresRegistryRows(self._db)
@@ -52,11 +60,20 @@ class PostgresState:
 
     @property
     def sessions(self) -> PostgresSessionStore:
-        return self._sessions
+        with self._made:  # one store per state: the ledger shares its epoch
+            if self._sessions is None:
+                from .sessions import PostgresSessionStore
+
+                self._sessions = PostgresSessionStore.on(self._db)
+            return self._sessions
 
     @property
     def ledger(self) -> PostgresLedgerRows:
-        return self._ledger
+        sessions = self.sessions
+        with self._made:
+            if self._ledger is None:
+                self._ledger = PostgresLedgerRows(self._db, sessions)
+            return self._ledger
 
     @property
     def lineage(self) -> PostgresLineageRows:
