@@ -342,14 +342,13 @@ def test_the_tables_live_in_their_own_schema(pg_dsn: str) -> None:
 
 def loaded(code: str, *prefixes: str) -> list[str]:
     """The modules under ``prefixes`` a fresh interpreter has loaded after ``code``."""
-    probe = (
-        f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
-    )
+    listed = f"sorted(m for m in sys.modules if m.startswith({prefixes!r}))"
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({listed}))"
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=50, check=False
     )
     assert done.returncode == 0, done.stderr
-    return list(json.loads(done.stdout.strip().replace("'", '"')))
+    return list(json.loads(done.stdout.strip()))
 
 
 def test_parsing_a_state_url_loads_neither_the_driver_nor_the_sdk() -> None:
