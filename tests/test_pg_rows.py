@@ -3,12 +3,16 @@ against a real database, and the ``--state``/``FLOWER_STATE`` URL parser."""
 
 from __future__ import annotations
 
+import importlib
+import re
+import string
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from flower.i18n import keys, texts
 from flower.state.postgres import PostgresState, StateURLError, mask, parse_state_url
 from flower.state.seam import LineageDoc, RunState
 
@@ -216,3 +220,19 @@ def test_a_bad_state_url_is_one_line_with_a_hint(bad: str) -> None:
     line = caught.value.one_line()
     assert "\n" not in line and caught.value.hint and "hunter2" not in line
     assert isinstance(caught.value, ValueError)  # a ConfigError: a person's mistake
+
+
+def test_the_backend_s_texts_have_both_languages_and_the_same_fields() -> None:
+    for name in ("db", "fenced", "schema", "url"):
+        importlib.import_module(f"flower.state.postgres.{name}")
+    importlib.import_module("flower.testing.postgres")
+    mine = [k for k in keys() if k.startswith(("state.", "pg."))]
+    assert len(mine) >= 25
+
+    def fields(text: str) -> set[str]:
+        return {name for _, name, _, _ in string.Formatter().parse(text) if name}
+
+    for key in mine:
+        zh, en = texts(key)
+        assert re.search(r"[\u4e00-\u9fff]", zh) and not re.search(r"[\u4e00-\u9fff]", en), key
+        assert fields(zh) == fields(en), key
