@@ -29,6 +29,13 @@ def test_it_is_a_run_state(state: PostgresState, pg_dsn: str) -> None:
     assert state.where == pg_dsn  # no password to mask here
     seam: RunState = state  # the protocol, checked by mypy
     assert seam.sessions is state.sessions
+    assert state.ledger is state.ledger
+    with_password = PostgresState(pg_dsn.replace("postgres@", "postgres:hunter2@"))  # trust
+    try:
+        assert with_password.where == pg_dsn.replace("postgres@", "postgres:***@")
+        assert "hunter2" not in repr(with_password)
+    finally:
+        with_password.close()
 
 
 # ---- lineage -------------------------------------------------------------------------------
