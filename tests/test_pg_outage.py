@@ -304,3 +304,25 @@ def test_an_unreadable_spool_of_a_dead_process_is_set_aside_not_in_the_way(
         assert any("1-1-aaaaaa.spool" in r.getMessage() for r in caplog.records)
     finally:
         store.close()
+
+
+def test_a_spooled_append_whose_remembered_summary_went_stale_is_delivered(
+    server: PgServer, dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = PostgresSessionStore(dsn)
+    try:
+        asyncio.run(store.append(KEY, [e(0)]))  # type: ignore[list-item]
+        asyncio.run(store.append(KEY, [e(1)]))  # the one-round-trip path from here on
+        with psycopg.connect(dsn, autocommit=True) as conn:  # another writer folded it since
+            conn.execute("UPDATE flower.summaries SET mtime = mtime + 1")
+        server.down()
+        with caplog.at_level(logging.WARNING, logger="flower"):
+            asyncio.run(store.append(KEY, [e(2)]))  # type: ignore[list-item]
+        server.up()
+        with caplog.at_level(logging.WARNING, logger="flower"):
+            wait_until(lambda: stored(dsn) == [0, 1, 2])
+            wait_until(lambda: spooled(tmp_path) == [])
+        (outage,) = [r.getMessage() for r in caplog.records]  # that line and no other
+        assert "PostgreSQL" in outage
+    finally:
+        store.close()

@@ -165,14 +165,6 @@ upd AS (
 SELECT count(*) FROM fence
 """
 
-# Transcript and ledger commits do not wait for the WAL flush (the server's fsync): the
-# SQLite store's choice (synchronous=NORMAL) in PostgreSQL's terms. A commit is in the server
-# before the call returns, so a kill of any flower process loses nothing; a crash of the
-# database server itself may lose the last ~0.6 s of them (3 x wal_writer_delay), never
-# corrupting anything. Waiting for the fsync cost 3-8 ms per append here (p50, a shared disk
-# under load) against 0.3-1 ms without it: every eager append pays it, a crash seldom does.
-_NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO off"
-
 Op = Callable[["Conn", "Sql", int, dict[str, Any], Any], None]
 
 
@@ -221,7 +213,7 @@ def append(conn: Conn, sql: Sql, epoch: int, args: dict[str, Any], entries: Any)
         "datas": args["datas"],
     }
     if sub is not None:  # subagent transcripts never feed the main session's summary
-        mtime, _ = _one_trip(conn, sql(_APPEND), params) or (None, None)
+        mtime, _ = conn.execute(sql(_APPEND), params).fetchone() or (None, None)
         if mtime is None:
             raise superseded(conn, sql, sid, epoch)
         return
@@ -229,11 +221,11 @@ def append(conn: Conn, sql: Sql, epoch: int, args: dict[str, Any], entries: Any)
     key: SessionKey = {"project_key": pk, "session_id": sid}
     if _append_folded(conn, sql, params, key, parsed):
         return
-    # Two round trips: BEGIN, the append and the summary's read go together (the read is
-    # its own statement, so it sees what the session's previous writer committed before
-    # the fence let this one in); the folded summary and COMMIT go together.
+    # The general path, two round trips: BEGIN, the append and the summary's read go
+    # together (the read is its own statement, so it sees what the session's previous
+    # writer committed before the fence let this one in); the folded summary and COMMIT
+    # go together.
     with conn.pipeline(), conn.transaction():
-        conn.execute(_NO_FLUSH_WAIT)
         appended = conn.execute(sql(_APPEND), params)
         summary = conn.execute(sql(_SUMMARY), (pk, sid))
         mtime, fresh_uuids = appended.fetchone() or (None, None)
@@ -268,7 +260,7 @@ def _append_folded(
     folded = _fold(prev, key, entries)
     extra = {"prev": known[0], "folded": _json(folded["data"]), "count": len(entries)}
     try:
-        row = _one_trip(conn, sql(_APPEND_FOLDED), {**params, **extra})
+        row = _statement(conn, sql(_APPEND_FOLDED), {**params, **extra})
     except psycopg.Error as exc:
         if exc.sqlstate != STALE:
             raise
@@ -280,13 +272,13 @@ def _append_folded(
     return True
 
 
-def _one_trip(conn: Conn, query: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
-    """One statement in its own transaction that waits for no WAL flush, in one round
-    trip; its first row. (A refused fence wrote nothing: committing it is harmless.)"""
-    with conn.pipeline(), conn.transaction():
-        conn.execute(_NO_FLUSH_WAIT)
-        cur = conn.execute(query, params)
-    return cur.fetchone()
+def _statement(conn: Conn, query: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """One statement's first row; inside a transaction (a spool's delivery), in a savepoint
+    of its own, so its failure leaves the transaction usable."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return conn.execute(query, params).fetchone()
+    with conn.transaction():
+        return conn.execute(query, params).fetchone()
 
 
 def _remember(sql: Sql, key: tuple[str, str], summary: tuple[int, dict[str, Any]]) -> None:
@@ -330,7 +322,7 @@ def ledger_exact(conn: Conn, sql: Sql, epoch: int, args: dict[str, Any], _: Any)
 
 def _ledger(conn: Conn, sql: Sql, template: str, epoch: int, args: dict[str, Any]) -> None:
     params = {**args, "epoch": epoch, "now": _now_ms()}
-    (passed,) = _one_trip(conn, sql(template), params) or (0,)
+    (passed,) = conn.execute(sql(template), params).fetchone() or (0,)
     if not passed:
         raise superseded(conn, sql, args["sid"], epoch)
 
