@@ -67,8 +67,8 @@ _FENCE = """
     RETURNING f.mtime
 """
 
-# One statement: fence, entries (a retried batch's uuids skipped), the key's meta row.
-_APPEND = f"""
+# The fence, then the entries (a retried batch's uuids skipped) and the key's meta row.
+_FENCED_ENTRIES = f"""
 WITH fence AS ({_FENCE}),
 ins AS (
     INSERT INTO {{s}}.entries (key, uuid, data)
@@ -83,7 +83,10 @@ meta AS (
     SELECT %(key)s, %(pk)s, %(sid)s, %(sub)s, fence.mtime FROM fence
     WHERE EXISTS (SELECT FROM ins)
     ON CONFLICT (key) DO UPDATE SET mtime = EXCLUDED.mtime
-)
+)"""
+
+# One statement: the write time, and the uuids the database took.
+_APPEND = f"""{_FENCED_ENTRIES}
 SELECT (SELECT mtime FROM fence), ARRAY(SELECT uuid FROM ins WHERE uuid IS NOT NULL)
 """
 
@@ -92,22 +95,7 @@ SELECT (SELECT mtime FROM fence), ARRAY(SELECT uuid FROM ins WHERE uuid IS NOT N
 # remembers (%(folded)s) and puts it in only if that summary is still the stored one and
 # every entry was new; else stale_summary() fails the statement, the transaction rolls
 # back, and append() takes the general path.
-_APPEND_FOLDED = f"""
-WITH fence AS ({_FENCE}),
-ins AS (
-    INSERT INTO {{s}}.entries (key, uuid, data)
-    SELECT %(key)s, e.uuid, e.data
-    FROM fence, unnest(%(uuids)s::text[], %(datas)s::text[]) WITH ORDINALITY AS e(uuid, data, n)
-    ORDER BY e.n
-    ON CONFLICT (key, uuid) WHERE uuid IS NOT NULL DO NOTHING
-    RETURNING uuid
-),
-meta AS (
-    INSERT INTO {{s}}.meta (key, project_key, session_id, subpath, mtime)
-    SELECT %(key)s, %(pk)s, %(sid)s, NULL, fence.mtime FROM fence
-    WHERE EXISTS (SELECT FROM ins)
-    ON CONFLICT (key) DO UPDATE SET mtime = EXCLUDED.mtime
-),
+_APPEND_FOLDED = f"""{_FENCED_ENTRIES},
 summary AS (
     UPDATE {{s}}.summaries AS m SET mtime = fence.mtime, data = %(folded)s
     FROM fence
