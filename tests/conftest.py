@@ -1,4 +1,5 @@
-"""Shared fixtures: the scripted model server and a flower workspace for end-to-end tests."""
+"""Shared fixtures: the scripted model server, a flower workspace for end-to-end tests, and a
+PostgreSQL database per test."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from flower.testing.model_server import ModelServer
 
 # Fixtures for users' tests and ours alike, made available to every test module by name.
 from flower.testing.pytest_helpers import claude_home, model_server, reaper  # noqa: F401
+
+# A real PostgreSQL: the suite's server (scripts/test.sh) and a fresh database per test.
+from flower.testing.pytest_postgres import pg_dsn, pg_server  # noqa: F401
 
 from .e2e import Flower
 
