@@ -12,6 +12,11 @@ raises); ``t`` picks the person's language (:func:`lang`) and fills ``{placehold
 Chinese texts are the seeds' and the reference's, exactly. Texts sent to the model (rules,
 resume and handoff prompts) are not translated and do not live here.
 
+A count's noun agrees with it: ``{n|check|checks}`` in a text is ``check`` when the field
+``n`` is 1 and ``checks`` otherwise (Chinese texts have no use for it)::
+
+    define({"starter.checks": ("目标 {n} 条", "goal: {n} {n|check|checks}")})
+
 The language: ``FLOWER_LANG=zh|en`` wins; else the first locale variable that is set of
 ``LC_ALL``, ``LC_MESSAGES``, ``LANG`` (POSIX's order) means Chinese when it starts with
 ``zh``; else English.
@@ -20,11 +25,14 @@ The language: ``FLOWER_LANG=zh|en`` wins; else the first locale variable that is
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 LANGS = ("zh", "en")
 
 _CATALOGUE: dict[str, tuple[str, str]] = {}
+# ``{field|one|many}``: the word for a count of 1, and for any other count.
+_PLURAL = re.compile(r"\{(\w+)\|([^{}|]*)\|([^{}|]*)\}")
 
 
 def define(entries: dict[str, tuple[str, str]]) -> None:
@@ -57,7 +65,17 @@ def t(key: str, /, **fields: Any) -> str:
     except KeyError:
         raise KeyError(f"no message {key!r} in the catalogue") from None
     text = zh if lang() == "zh" else en
-    return text.format(**fields) if fields else text
+    if not fields:
+        return text
+    if "|" in text:
+        text = _PLURAL.sub(lambda m: _agree(fields[m.group(1)], m.group(2), m.group(3)), text)
+    return text.format(**fields)
+
+
+def _agree(count: Any, one: str, many: str) -> str:
+    """``one`` for a count of 1, else ``many`` (literal braces doubled for format)."""
+    word = one if count == 1 else many
+    return word.replace("{", "{{").replace("}", "}}")
 
 
 def keys() -> list[str]:

@@ -51,12 +51,12 @@ define(
         ),
         "demo.sessions": (
             "   写稿 前后两次跑的请求共用 {n} 条会话:{ids}",
-            "   draft's requests of both runs share {n} session(s): {ids}",
+            "   draft's requests of both runs share {n} {n|session|sessions}: {ids}",
         ),
         "demo.carried": (
             "   第二次跑 写稿 的第一个请求带着之前的 {n} 次工具调用和它的结果,模型接着说",
-            "   the second run's first request of draft carries the {n} earlier tool call(s) "
-            "and their results; the model carries on",
+            "   the second run's first request of draft carries the {n} earlier tool "
+            "{n|call|calls} and {n|its result|their results}; the model carries on",
         ),
         "demo.status": ("flower-super status:", "flower-super status:"),
         "demo.kept": ("留着:{root}", "kept: {root}"),
