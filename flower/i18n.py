@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 LANGS = ("zh", "en")
@@ -76,6 +77,22 @@ def _agree(count: Any, one: str, many: str) -> str:
     """``one`` for a count of 1, else ``many`` (literal braces doubled for format)."""
     word = one if count == 1 else many
     return word.replace("{", "{{").replace("}", "}}")
+
+
+def gettext_for(prefix: str) -> tuple[Callable[[str], str], Callable[[str, str, int], str]]:
+    """``gettext`` and ``ngettext`` for a library that words its messages in English through
+    :mod:`gettext` (click does): a message the catalogue holds as ``prefix + message`` comes
+    back in the person's language, unformatted (the library fills its own placeholders);
+    any other comes back as it is."""
+
+    def gettext(message: str) -> str:
+        texts = _CATALOGUE.get(prefix + message)
+        return message if texts is None else texts[0 if lang() == "zh" else 1]
+
+    def ngettext(singular: str, plural: str, n: int) -> str:
+        return gettext(singular if n == 1 else plural)
+
+    return gettext, ngettext
 
 
 def keys() -> list[str]:

@@ -462,12 +462,9 @@ def _err(message: str, hint: str = "") -> None:
 
 
 def _workspace(args: argparse.Namespace) -> Path:
-    ws = Path(args.workspace).expanduser().resolve()
-    try:
-        ws.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Stop(f"{ws}: {exc.strerror or exc}") from None
-    return ws
+    from .cli import workspace_dir
+
+    return workspace_dir(Path(args.workspace))  # FlowerError: one line, exit 1
 
 
 def _run_dir(args: argparse.Namespace) -> Path:

@@ -87,6 +87,9 @@ define(
 )
 
 
+HEARTBEAT_S = 5.0  # one small atomic write; status's "elapsed" of a dead flower is this close
+
+
 @dataclass
 class StartArgs:
     ask: str
@@ -157,6 +160,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         placement=rt.placement,
     )
     term.listen()
+    beat = asyncio.get_running_loop().create_task(_heartbeat(rt))
     try:
         ctx = await wf.run(
             rt,
@@ -167,6 +171,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
             ask=args.ask,
         )
     finally:
+        beat.cancel()
         term.stop()
         # Before rt.drain(): an oracle's attempt is a child of the same placement.
         await term.oracle.drain()
@@ -184,6 +189,15 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         term.say(line)
     term.closing(rt)
     return 0
+
+
+async def _heartbeat(rt: Runtime) -> None:
+    """Touch this flower's registry record every HEARTBEAT_S: a flower killed with no word
+    (kill -9, power loss) was last seen within that of its end, so status tells how long it
+    lived, not when its step began."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        rt.note()
 
 
 def _why_stopped(ctx: dict[str, Any], step: str) -> str:

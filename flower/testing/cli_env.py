@@ -13,8 +13,22 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-# Inherited variables a CLI in a test may keep: what a shell and its tools need.
-_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL")
+# Inherited variables a CLI in a test may keep: what a shell and its tools need, and the
+# person's language (a flower started in this environment speaks it too).
+_KEEP = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "FLOWER_LANG",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+)
 
 # The SDK lays ClaudeAgentOptions.env over the parent's os.environ, so a real credential or
 # another provider there would win unless blanked; the CLI treats "" as unset (measured).
