@@ -32,8 +32,9 @@ from typing import Any
 LANGS = ("zh", "en")
 
 _CATALOGUE: dict[str, tuple[str, str]] = {}
-# ``{field|one|many}``: the word for a count of 1, and for any other count.
-_PLURAL = re.compile(r"\{(\w+)\|([^{}|]*)\|([^{}|]*)\}")
+# ``{field|one|many}``: the word for a count of 1, and for any other count (compiled at its
+# first use, by re's own cache: most commands never need it).
+_PLURAL = r"\{(\w+)\|([^{}|]*)\|([^{}|]*)\}"
 
 
 def define(entries: dict[str, tuple[str, str]]) -> None:
@@ -69,7 +70,7 @@ def t(key: str, /, **fields: Any) -> str:
     if not fields:
         return text
     if "|" in text:
-        text = _PLURAL.sub(lambda m: _agree(fields[m.group(1)], m.group(2), m.group(3)), text)
+        text = re.sub(_PLURAL, lambda m: _agree(fields[m[1]], m[2], m[3]), text)
     return text.format(**fields)
 
 

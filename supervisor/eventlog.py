@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import os
 import time
 import weakref
@@ -33,8 +32,9 @@ from typing import Any
 from flower.core.result import Event, jsonable
 from flower.i18n import define, t
 from flower.util.fsutil import open_private, private_dir
+from flower.util.lazylog import lazy_logger
 
-log = logging.getLogger("flower")
+log = lazy_logger("flower")  # logging loads when something is logged
 
 EVENTS_NAME = "events.jsonl"
 MAX_CHARS = 16_000  # per string; well above what a person reads on one line of `logs`

@@ -28,6 +28,7 @@ from flower.i18n import define, t
 from flower.util.sanitize import clean
 
 from .cancel import find_run
+from .columns import terminal_columns
 from .columns import width as cols
 from .eventlog import events_path
 from .show import echo, one_line
@@ -243,6 +244,4 @@ def _print(run_dir: Path, record: FlowerRecord, follow_: bool) -> int:
 def _width() -> int | None:
     if not sys.stdout.isatty():
         return None
-    import shutil
-
-    return shutil.get_terminal_size((80, 24)).columns
+    return terminal_columns()

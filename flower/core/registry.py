@@ -11,7 +11,6 @@ A record is *alive* when its pid exists **and** that process started when the re
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from dataclasses import dataclass, field, fields
@@ -20,8 +19,9 @@ from typing import Any
 
 from ..i18n import define, t
 from ..util.fsutil import atomic_write_text, private_dir, set_aside
+from ..util.lazylog import lazy_logger
 
-log = logging.getLogger("flower")
+log = lazy_logger("flower")  # logging loads when something is logged
 
 define(
     {

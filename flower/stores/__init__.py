@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..i18n import define, t
+from ..util.lazylog import lazy_logger
 from .dbfile import set_aside_database
 
 SESSIONS_DB = "sessions.db"
-log = logging.getLogger("flower")
+log = lazy_logger("flower")  # logging loads when something is logged
 
 define(
     {

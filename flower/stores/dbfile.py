@@ -11,7 +11,6 @@ WAL next to a fresh database would be replayed into it), never deleted.
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 from ..util.fsutil import set_aside
@@ -63,6 +62,8 @@ def has_transcript(path: str | Path, session_id: str) -> bool | None:
     p = Path(path)
     if not p.exists():
         return False
+    import sqlite3  # ~7 ms: loaded by the callers that open a database, not by every import
+
     try:
         conn = sqlite3.connect(f"{p.as_uri()}?mode=ro", uri=True, timeout=1.0)
         try:
