@@ -241,3 +241,23 @@ def test_venv_setup_says_what_pip_is_doing(tmp_path):
     # Set up already: nothing to say.
     again = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+# -- the commands that run nothing stay light -------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["status", "show", "logs", "cancel"])
+def test_the_light_commands_import_nothing_they_do_not_use(module):
+    """Issue 17: status, show and logs at most 3x ``python -c pass`` (scripts/bench_cli.py).
+    What they need only to write (logging, signal), to open a database (sqlite3) or never
+    (shutil with zlib, bz2 and lzma) is not loaded by importing them."""
+    probe = (
+        f"import supervisor.cli, supervisor.{module}, sys\n"
+        "unused = {'logging', 'sqlite3', 'shutil', 'signal', 'bz2', 'lzma'}\n"
+        "print(sorted(unused & set(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
