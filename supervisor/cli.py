@@ -320,7 +320,7 @@ def main() -> None:
 @click.option(
     "-w",
     "--workspace",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a file there: our own one line with a hint
     default=None,
     metavar="DIR",
     help=t("super.help.workspace"),
