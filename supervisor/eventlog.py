@@ -27,12 +27,14 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flower.core.result import Event, jsonable
 from flower.i18n import define, t
 from flower.util.fsutil import open_private, private_dir
 from flower.util.lazylog import lazy_logger
+
+if TYPE_CHECKING:  # `logs` and `status` only ask where the file is
+    from flower.core.result import Event
 
 log = lazy_logger("flower")  # logging loads when something is logged
 
@@ -126,6 +128,8 @@ class EventLog:
 
 def line(ev: Event, now: float | None = None) -> bytes:
     """``ev`` as the bytes of one line of ``events.jsonl``."""
+    from flower.core.result import jsonable
+
     record = {
         "t": round(time.time() if now is None else now, 3),
         "kind": ev.kind,

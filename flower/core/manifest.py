@@ -38,10 +38,11 @@ from typing import TYPE_CHECKING, Any
 from ..i18n import define, t
 from ..util.fsutil import FILE_MODE, atomic_write_text, open_private, private_dir, set_aside
 from ..util.lazylog import lazy_logger
-from .result import StepResult
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a reader of the manifest (status, show) needs neither
     from filelock import FileLock
+
+    from .result import StepResult
 
 log = lazy_logger("flower")  # logging loads when something is logged
 
