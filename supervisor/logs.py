@@ -31,7 +31,7 @@ from .cancel import find_run
 from .columns import terminal_columns
 from .columns import width as cols
 from .eventlog import events_path
-from .show import echo, one_line
+from .out import echo, one_line
 from .status import state_of
 
 POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us

@@ -28,12 +28,9 @@ it has committed is what is shown. Nothing here imports the SDK.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import click
 
 from flower import FlowerError
 from flower.core.events import SUMMARY_KEYS
@@ -45,8 +42,9 @@ from flower.stores import SESSIONS_DB
 from flower.util.sanitize import clean
 
 from .cancel import find_run
-from .columns import fit, line_width
+from .columns import line_width
 from .columns import width as cols
+from .out import echo, one_line
 from .status import state_of
 
 CALL_CHARS = 120  # a tool call's argument, cut
@@ -420,11 +418,6 @@ def summary(args: dict[str, Any]) -> str:
 # -- text ------------------------------------------------------------------------------
 
 
-def one_line(text: str, limit: int) -> str:
-    """The first line of ``text``, cleaned, cut to ``limit`` columns."""
-    return fit(clean(text).strip().split("\n", 1)[0].replace("\t", " "), limit)
-
-
 def render_target(target: Target, turns: list[dict[str, Any]], width: int) -> list[str]:
     lines = [t("show.header", step=target.step, session=target.session_id)]
     for row in target.rows:
@@ -579,21 +572,3 @@ def run(what: str | None, run_dir: Path, as_json: bool) -> None:
     else:
         text = render(run_dir, sel, terminal_width())
     echo(text)
-
-
-def echo(text: str) -> None:
-    """Print, quietly ending on a closed pipe (``show | head``)."""
-    try:
-        click.echo(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_pipe()
-
-
-def _quiet_pipe() -> None:
-    import os
-
-    # Python flushes stdout again at exit and would complain: point it at /dev/null first.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(0)
