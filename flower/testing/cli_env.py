@@ -67,7 +67,9 @@ def cli_env(
     Usable as ``Popen(env=...)`` and as ``ClaudeAgentOptions(env=...)``. ``home`` becomes
     HOME, ``home/.claude`` CLAUDE_CONFIG_DIR (transcripts land in its ``projects/``).
     ``max_retries`` sets CLAUDE_CODE_MAX_RETRIES (None: the CLI's own default, which keeps
-    retrying a refused connection for about three minutes). ``extra`` is applied last.
+    retrying a refused connection for about three minutes). Of this process's environment
+    it keeps what a shell needs and the person's language (``FLOWER_LANG``, the locale).
+    ``extra`` is applied last.
     """
     home = Path(home)
     config = home / ".claude"
