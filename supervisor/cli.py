@@ -85,7 +85,10 @@ define(
             "pass -r with a directory (it is created if missing), e.g. -r runs",
         ),
         "cli.not_dir": ("工作区 {ws} 不是目录", "workspace {ws} is not a directory"),
-        "cli.verified": ("流程 '{flow}' 没问题:{n} 个步骤", "flow '{flow}' is valid: {n} steps"),
+        "cli.verified": (
+            "流程 '{flow}' 没问题:{n} 个步骤",
+            "flow '{flow}' is valid: {n} {n|step|steps}",
+        ),
         "cli.not_dir.hint": (
             "-w 给一个目录(没有会建)",
             "pass -w with a directory (it is created if missing)",

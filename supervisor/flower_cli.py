@@ -147,7 +147,10 @@ define(
             "只检查流程(每处问题一行,退出码 2),不跑",
             "only check the flow (one line per problem, exit status 2); do not run it",
         ),
-        "cli.verified": ("流程 '{flow}' 没问题:{n} 个步骤", "flow '{flow}' is valid: {n} steps"),
+        "cli.verified": (
+            "流程 '{flow}' 没问题:{n} 个步骤",
+            "flow '{flow}' is valid: {n} {n|step|steps}",
+        ),
         "cli.help.prompt": ("给这个 agent 的话", "what to tell the agent"),
         "cli.help.instructions": (
             "领域说明,叠加在 Claude Code 自带的系统提示之后",

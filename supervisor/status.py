@@ -62,9 +62,12 @@ define(
             "      接着做: cd {cwd} && {command}",
             "      resume: cd {cwd} && {command}",
         ),
-        "status.map_items": ("      {step}:{done} 项已完成", "      {step}: {done} items done"),
+        "status.map_items": (
+            "      {step}:{done} 项已完成",
+            "      {step}: {done} {done|item|items} done",
+        ),
         "status.commands": ("      命令: {commands}", "      commands: {commands}"),
-        "status.rows": ("最近 {n} 行 manifest", "last {n} manifest rows"),
+        "status.rows": ("最近 {n} 行 manifest", "last {n} manifest {n|row|rows}"),
         "status.row": (
             "  {mark} {step}  {took:.1f}s  ${cost:.4f}  尝试 {attempts}  会话 {session}"
             "  run {run}{error}",

@@ -51,7 +51,7 @@ define(
         "manifest.torn": (
             "manifest {path} 写到一半被截断;已留作 {aside},重写了其中完整的 {rows} 行",
             "manifest {path} was cut short mid-write; kept it as {aside} and rewrote its {rows} "
-            "whole rows",
+            "whole {rows|row|rows}",
         ),
         "manifest.corrupt": (
             "manifest {path} 不是由行组成的 JSON 数组;已留作 {aside},另起了一个新的",
