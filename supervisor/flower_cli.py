@@ -294,32 +294,33 @@ class _Parser(argparse.ArgumentParser):
 
 
 # argparse words its errors in English (gettext, with no catalogue of ours to hook into):
-# each one a person can cause here, matched and said again through the catalogue.
+# each one a person can cause here, matched and said again through the catalogue (patterns
+# compiled at their first use, by re's cache: `flower --help` never needs them).
 _ARGPARSE = [
-    (re.compile(r"the following arguments are required: (?P<names>.+)"), "cli.arg.required"),
-    (re.compile(r"unrecognized arguments: (?P<names>.+)"), "cli.arg.unknown"),
+    (r"the following arguments are required: (?P<names>.+)", "cli.arg.required"),
+    (r"unrecognized arguments: (?P<names>.+)", "cli.arg.unknown"),
     (
-        re.compile(r"ambiguous option: (?P<option>\S+) could match (?P<matches>.+)"),
+        r"ambiguous option: (?P<option>\S+) could match (?P<matches>.+)",
         "cli.arg.ambiguous",
     ),
-    (re.compile(r"expected one argument"), "cli.arg.one"),
+    (r"expected one argument", "cli.arg.one"),
     (
-        re.compile(r"invalid choice: (?P<value>.+) \(choose from (?P<choices>.+)\)"),
+        r"invalid choice: (?P<value>.+) \(choose from (?P<choices>.+)\)",
         "cli.arg.choice",
     ),
-    (re.compile(r"invalid int value: (?P<value>.+)"), "cli.arg.int"),
-    (re.compile(r"invalid float value: (?P<value>.+)"), "cli.arg.float"),
+    (r"invalid int value: (?P<value>.+)", "cli.arg.int"),
+    (r"invalid float value: (?P<value>.+)", "cli.arg.float"),
 ]
-_ARGUMENT = re.compile(r"argument (?P<name>[^:]+): (?P<message>.+)", re.DOTALL)
+_ARGUMENT = r"(?s)argument (?P<name>[^:]+): (?P<message>.+)"
 
 
 def _argparse_says(message: str) -> str:
     """argparse's error ``message`` in the person's language (as it is when unknown)."""
-    of = _ARGUMENT.fullmatch(message)
+    of = re.fullmatch(_ARGUMENT, message)
     if of:
         return t("cli.arg.of", name=of["name"], message=_argparse_says(of["message"]))
     for pattern, key in _ARGPARSE:
-        m = pattern.fullmatch(message)
+        m = re.fullmatch(pattern, message)
         if m:
             return t(key, **m.groupdict()) if m.groupdict() else t(key)
     return message
@@ -489,8 +490,9 @@ def _have_credentials(workspace: Path) -> None:
     from .setup import SetupExit, have_credentials
 
     try:
-        have_credentials(interactive=sys.stdin.isatty(), say=_say, read_line=_input_line,
-                         workspace=workspace)  # fmt: skip
+        have_credentials(
+            interactive=sys.stdin.isatty(), say=_say, read_line=_input_line, workspace=workspace
+        )
     except SetupExit as exc:
         raise Stop(exc.message, exc.code) from None
 
