@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from flower import FlowerError
-from flower.core.registry import RUNNING, FlowerRecord, Registry
+from flower.core.registry import RUNNING, FlowerRecord, Registry, state_of
 from flower.i18n import define, t
 from flower.util.sanitize import clean
 
@@ -32,7 +32,6 @@ from .columns import terminal_columns
 from .columns import width as cols
 from .eventlog import events_path
 from .out import echo, one_line
-from .status import state_of
 
 POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us
 PIPED_CHARS = 400  # a line's text when stdout is not a terminal (grep wants more than 80)

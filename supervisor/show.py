@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from flower import FlowerError
-from flower.core.events import SUMMARY_KEYS
 from flower.core.lineage import bare_name, peek
 from flower.core.manifest import read_manifest
-from flower.core.registry import RUNNING, FlowerRecord, Registry
+from flower.core.registry import RUNNING, FlowerRecord, Registry, state_of
 from flower.i18n import define, t
 from flower.stores import SESSIONS_DB
 from flower.util.sanitize import clean
@@ -45,7 +44,6 @@ from .cancel import find_run
 from .columns import line_width
 from .columns import width as cols
 from .out import echo, one_line
-from .status import state_of
 
 CALL_CHARS = 120  # a tool call's argument, cut
 RESULT_CHARS = 160  # the first line of a tool result, cut
@@ -405,6 +403,8 @@ def _text_of(content: Any) -> str:
 def summary(args: dict[str, Any]) -> str:
     """A call's most telling argument: the first of flower's summary keys it has (path,
     command, pattern …), else its first short text value, else its JSON."""
+    from flower.core.events import SUMMARY_KEYS  # with the result classes: for tool calls only
+
     for key in (*SUMMARY_KEYS, "prompt", "skill", "subject"):
         value = args.get(key)
         if isinstance(value, str) and value.strip():
@@ -501,13 +501,13 @@ def _folded(turn: dict[str, Any], width: int) -> str:
 
 
 def _wrapped(text: str, width: int) -> list[str]:
-    import textwrap
-
     out: list[str] = []
     for line in clean(text).strip("\n").split("\n"):
         if cols(line) <= width:
             out.append(line)
         else:
+            import textwrap  # only for a line too long to fit
+
             out += textwrap.wrap(line, width, break_on_hyphens=False) or [""]
     return out or [""]
 

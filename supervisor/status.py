@@ -21,11 +21,12 @@ from flower.core.manifest import read_manifest
 from flower.core.registry import (
     FAILED,
     FINISHED,
-    INTERRUPTED,
     KILLED,
+    RESUMABLE,
     RUNNING,
     FlowerRecord,
     Registry,
+    state_of,
 )
 from flower.core.reuse import report_lines, summary
 from flower.i18n import define, t
@@ -36,7 +37,6 @@ from flower.stores.dbfile import has_transcript
 from .eventlog import events_path
 
 LAST_ROWS = 10
-RESUMABLE = "interrupted-resumable"
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.
 ASIDE = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-shm)?$")
 
@@ -252,20 +252,6 @@ def commands(r: FlowerRecord, live: bool, run_dir: Path) -> list[str]:
     elif events_path(run_dir, r.run).exists():
         out.append(["logs", r.run])
     return [shlex.join(["flower-super", *c, *where]) for c in out]
-
-
-def state_of(r: FlowerRecord, alive: bool | None = None) -> str:
-    """What status calls the state of ``r``: its record's, except that a run whose process
-    is gone while it was running (or that was interrupted) is ``interrupted-resumable``."""
-    return _state(r, r.alive if alive is None else alive)
-
-
-def _state(r: FlowerRecord, alive: bool) -> str:
-    if r.state == RUNNING:
-        return RUNNING if alive else RESUMABLE
-    if r.state == INTERRUPTED:
-        return RESUMABLE
-    return r.state  # finished / failed / killed
 
 
 def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
