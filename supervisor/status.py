@@ -32,7 +32,7 @@ from flower.core.reuse import report_lines, summary
 from flower.i18n import define, t
 from flower.stores import SESSIONS_DB
 from flower.stores.dbfile import damage as db_damage
-from flower.stores.dbfile import has_transcript
+from flower.stores.dbfile import has_transcripts
 
 from .eventlog import events_path
 
@@ -205,18 +205,15 @@ def _damaged(run_dir: Path, registry: Registry, steps: dict[str, str]) -> list[d
         *((path, "is not a flower record") for path in registry.damaged()),
     ]
     if not db_problem:
-        gone = [f"{name!r} ({sid})" for name, sid in steps.items() if not _stored(db, sid)]
+        # A store that cannot be asked (None) is not a session that is gone: status reports
+        # what it knows. Unlike a start it does not know the workspace's project key: any
+        # project counts.
+        stored = has_transcripts(db, steps.values())
+        gone = [f"{name!r} ({sid})" for name, sid in steps.items() if stored[sid] is False]
         if gone:
             why = f"names sessions that {SESSIONS_DB} does not have, for step {', '.join(gone)}"
             found.append((run_dir / lineage.LINEAGE_NAME, why))
     return [{"file": str(path), "problem": why} for path, why in found if why]
-
-
-def _stored(db: Path, session_id: str) -> bool:
-    """Does ``sessions.db`` hold a transcript of ``session_id``? (True when it cannot be asked:
-    status reports what it knows, and a store it cannot read is not a session that is gone.
-    Unlike a start it does not know the workspace's project key: any project counts.)"""
-    return has_transcript(db, session_id) is not False
 
 
 def _set_aside(run_dir: Path, registry: Registry) -> list[str]:
