@@ -513,18 +513,18 @@ def logs(run: str | None, follow_: bool, run_dir: Path) -> None:
         _fail(exc)
 
 
-@main.command(
-    "model-server",
-    help=t("super.help.model_server"),
-    # flower.testing.SCRIPT_FORMAT, every paragraph marked \b so Click prints it as written
-    # (its module has no imports: --help stays cheap).
-    epilog="\n\n".join(
-        "\b\n" + paragraph
-        for paragraph in __import__(
-            "flower.testing._format", fromlist=["SCRIPT_FORMAT"]
-        ).SCRIPT_FORMAT.split("\n\n")
-    ),
-)
+class _ScriptFormatHelp(click.Command):
+    """model-server's help ends with flower.testing.SCRIPT_FORMAT, every paragraph marked \\b
+    so Click prints it as written; read only when the help is shown (not by every command)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from flower.testing._format import SCRIPT_FORMAT
+
+        self.epilog = "\n\n".join("\b\n" + part for part in SCRIPT_FORMAT.split("\n\n"))
+        super().format_epilog(ctx, formatter)
+
+
+@main.command("model-server", cls=_ScriptFormatHelp, help=t("super.help.model_server"))
 @click.option(
     "--script",
     "script_path",
