@@ -22,19 +22,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import os
 import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flower.core.result import Event, jsonable
 from flower.i18n import define, t
 from flower.util.fsutil import open_private, private_dir
+from flower.util.lazylog import lazy_logger
 
-log = logging.getLogger("flower")
+if TYPE_CHECKING:  # `logs` and `status` only ask where the file is
+    from flower.core.result import Event
+
+log = lazy_logger("flower")  # logging loads when something is logged
 
 EVENTS_NAME = "events.jsonl"
 MAX_CHARS = 16_000  # per string; well above what a person reads on one line of `logs`
@@ -126,6 +128,8 @@ class EventLog:
 
 def line(ev: Event, now: float | None = None) -> bytes:
     """``ev`` as the bytes of one line of ``events.jsonl``."""
+    from flower.core.result import jsonable
+
     record = {
         "t": round(time.time() if now is None else now, 3),
         "kind": ev.kind,

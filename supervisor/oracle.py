@@ -121,11 +121,11 @@ define(
         ),
         "oracle.draining": (
             "(等 {n} 条旁路问答收尾…)",
-            "(waiting for {n} aside question(s) to finish…)",
+            "(waiting for {n} aside {n|question|questions} to finish…)",
         ),
         "oracle.abandoned": (
             "(还有 {n} 条旁路问答没答完,不等了)",
-            "({n} aside question(s) did not finish in time; not waiting any longer)",
+            "({n} aside {n|question|questions} did not finish in time; not waiting any longer)",
         ),
         "oracle.empty": (
             "? 后面写上要问的,比如:? 现在到哪了",

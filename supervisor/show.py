@@ -36,17 +36,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-
 from flower import FlowerError
 from flower.core.events import (
     NO_RESPONSE,
-    SUMMARY_KEYS,
     cut_kind,
     entry_is_synthetic,
     readable_result,
@@ -55,15 +51,15 @@ from flower.core.events import (
 )
 from flower.core.lineage import bare_name, peek
 from flower.core.manifest import read_manifest
-from flower.core.registry import RUNNING, FlowerRecord, Registry
+from flower.core.registry import RUNNING, FlowerRecord, Registry, state_of
 from flower.i18n import define, t
 from flower.stores import SESSIONS_DB
 from flower.util.sanitize import clean
 
 from .cancel import find_run
-from .columns import fit, line_width
+from .columns import line_width
 from .columns import width as cols
-from .status import state_of
+from .out import echo, one_line
 
 CALL_CHARS = 120  # a tool call's argument, cut
 RESULT_CHARS = 160  # the first line of a tool result, cut
@@ -89,13 +85,13 @@ define(
         ),
         "show.run": (
             "run {run} · {flow} · {state} · {n} 条会话",
-            "run {run} · {flow} · {state} · {n} conversations",
+            "run {run} · {flow} · {state} · {n} {n|conversation|conversations}",
         ),
-        "show.lines": ("(共 {n} 行)", "({n} lines)"),
+        "show.lines": ("(共 {n} 行)", "({n} {n|line|lines})"),
         "show.thinking": ("(思考,{n} 字,略)", "(thinking, {n} chars, omitted)"),
         "show.redacted": ("(思考,已加密)", "(thinking, redacted)"),
         "show.meta": ("(系统附注)", "(system note)"),
-        "show.compact": ("(压缩摘要,{n} 行)", "(compaction summary, {n} lines)"),
+        "show.compact": ("(压缩摘要,{n} 行)", "(compaction summary, {n} {n|line|lines})"),
         "show.synthetic": ("(CLI 自己补的一句)", "(written by the CLI itself)"),
         "show.filler": (
             "(CLI 补的占位回复:上一轮没有回答,不是模型说的)",
@@ -504,6 +500,8 @@ def _text_of(content: Any) -> str:
 def summary(args: dict[str, Any]) -> str:
     """A call's most telling argument: the first of flower's summary keys it has (path,
     command, pattern …), else its first short text value, else its JSON."""
+    from flower.core.events import SUMMARY_KEYS  # with the result classes: for tool calls only
+
     for key in (*SUMMARY_KEYS, "prompt", "skill", "subject"):
         value = args.get(key)
         if isinstance(value, str) and value.strip():
@@ -515,11 +513,6 @@ def summary(args: dict[str, Any]) -> str:
 
 
 # -- text ------------------------------------------------------------------------------
-
-
-def one_line(text: str, limit: int) -> str:
-    """The first line of ``text``, cleaned, cut to ``limit`` columns."""
-    return fit(clean(text).strip().split("\n", 1)[0].replace("\t", " "), limit)
 
 
 def render_target(target: Target, turns: list[dict[str, Any]], width: int) -> list[str]:
@@ -618,13 +611,13 @@ def _folded(turn: dict[str, Any], width: int) -> str:
 
 
 def _wrapped(text: str, width: int) -> list[str]:
-    import textwrap
-
     out: list[str] = []
     for line in clean(text).strip("\n").split("\n"):
         if cols(line) <= width:
             out.append(line)
         else:
+            import textwrap  # only for a line too long to fit
+
             out += textwrap.wrap(line, width, break_on_hyphens=False) or [""]
     return out or [""]
 
@@ -689,21 +682,3 @@ def run(what: str | None, run_dir: Path, as_json: bool) -> None:
     else:
         text = render(run_dir, sel, terminal_width())
     echo(text)
-
-
-def echo(text: str) -> None:
-    """Print, quietly ending on a closed pipe (``show | head``)."""
-    try:
-        click.echo(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_pipe()
-
-
-def _quiet_pipe() -> None:
-    import os
-
-    # Python flushes stdout again at exit and would complain: point it at /dev/null first.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(0)

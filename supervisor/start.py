@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower import FlowerError, Runtime, Workbench
+from flower import Runtime, Workbench
 from flower.core.attempt import preload
 from flower.core.proctree import PROCS
 from flower.core.registry import INTERRUPTED, KILLED
@@ -38,6 +38,7 @@ from .eventlog import EventLog
 from .flows import refuse_new_while_live
 from .oracle import Oracle
 from .placement import Forked
+from .setup import unreachable
 from .terminal import Terminal, show_warnings
 
 define(
@@ -61,20 +62,6 @@ define(
             "没通过它的检查:gate {gate} 判定不通过",
             "it did not pass its check: its gate {gate} said no",
         ),
-        "start.offline": (
-            "! 连不上 {host}:{port}({base});等它恢复,每 {every} 秒探一次,最多等 {minutes} 分钟"
-            "(Ctrl-C 停)",
-            "! cannot reach {host}:{port} ({base}); waiting for it, probing every {every} s "
-            "for up to {minutes} min (Ctrl-C to stop)",
-        ),
-        "start.offline.gave_up": (
-            "{host}:{port} {minutes} 分钟都没应答",
-            "{host}:{port} did not answer for {minutes} min",
-        ),
-        "start.offline.hint": (
-            "查一下网络;用网关的话查 ANTHROPIC_BASE_URL",
-            "check the network, or ANTHROPIC_BASE_URL if you use a gateway",
-        ),
         "start.interrupted": ("! 已打断这一轮。", "! This round is interrupted."),
         "start.interrupted.subagents": (
             "! 已打断这一轮。正在跑的 subagent 会丢掉半成品。",
@@ -82,7 +69,7 @@ define(
         ),
         "start.interrupted.waiting": (
             "  (有 {n} 个提问还等着,打断不影响它们)",
-            "  ({n} question(s) still waiting; the interrupt does not affect them)",
+            "  ({n} {n|question|questions} still waiting; the interrupt does not affect them)",
         ),
         "start.interrupted.prompt": (
             "  要说什么?(直接回车 = 什么都不说,接着跑;再按一次 Ctrl+C = 退出)",
@@ -94,6 +81,9 @@ define(
         ),
     }
 )
+
+
+HEARTBEAT_S = 5.0  # one small atomic write; status's "elapsed" of a dead flower is this close
 
 
 @dataclass
@@ -154,7 +144,9 @@ def _archive(rt: Runtime, wf: Workflow, term: Terminal) -> None:
 async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> int:
     desk = SignalDesk(rt, term)
     desk.install()
-    await _wait_for_endpoint(rt, term)
+    # Said, not waited for: a step that needs the model waits in its loop (the reference's
+    # "net" verdict just starts the run; a flow whose steps need no model is not held up).
+    unreachable(rt.resilience, term.say)
     term.rt = rt
     rt.on_result = term.row_done  # every attempt's and judge round's cost on its own line
     term.oracle = Oracle(
@@ -165,6 +157,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         placement=rt.placement,
     )
     term.listen()
+    beat = asyncio.get_running_loop().create_task(_heartbeat(rt))
     try:
         ctx = await wf.run(
             rt,
@@ -175,6 +168,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
             ask=args.ask,
         )
     finally:
+        beat.cancel()
         term.stop()
         # Before rt.drain(): an oracle's attempt is a child of the same placement.
         await term.oracle.drain()
@@ -194,6 +188,15 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     return 0
 
 
+async def _heartbeat(rt: Runtime) -> None:
+    """Touch this flower's registry record every HEARTBEAT_S: a flower killed with no word
+    (kill -9, power loss) was last seen within that of its end, so status tells how long it
+    lived, not when its step began."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        rt.note()
+
+
 def _why_stopped(ctx: dict[str, Any], step: str, wf: Workflow) -> str:
     """The stopped step's own reason: its StepAbort, its error, or why its gate said no
     (the starter flow's gates say it themselves; another gate is named)."""
@@ -210,31 +213,6 @@ def _why_stopped(ctx: dict[str, Any], step: str, wf: Workflow) -> str:
     if gate is None or not name:
         return t("start.why.gate")
     return t("start.why.gate.named", gate=f"{getattr(gate, '__module__', '?')}.{name}")
-
-
-async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:
-    """An unreachable endpoint is one clear line, then the wait resilience promises."""
-    res = rt.resilience
-    if not res.enabled or res.reachable():  # sync: no helper thread alive when we fork
-        return
-    host, port = res.endpoint()
-    base = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
-    minutes = f"{res.max_offline_wait / 60:g}"
-    term.say(
-        t(
-            "start.offline",
-            host=host,
-            port=port,
-            base=base,
-            every=f"{res.probe_interval:g}",
-            minutes=minutes,
-        )
-    )
-    if not await res.wait_online():
-        raise FlowerError(
-            t("start.offline.gave_up", host=host, port=port, minutes=minutes),
-            hint=t("start.offline.hint"),
-        )
 
 
 class SignalDesk:

@@ -105,7 +105,7 @@ define(
         ),
         "term.asked": ("? {question}", "? {question}"),
         "term.option": ("   {i}) {option}", "   {i}) {option}"),
-        "term.remaining": ("   (还能问 {n} 次)", "   ({n} more question(s) allowed)"),
+        "term.remaining": ("   (还能问 {n} 次)", "   ({n} more {n|question|questions} allowed)"),
         "term.answered": ("+ {answer}", "+ {answer}"),
         "term.timeout": (
             "! 无人应答 —— 它会自己判断,把假设记进「未知与假设」",
@@ -154,7 +154,8 @@ define(
         "term.status": (
             "- {step} · {turns} 轮 · 工具 {tools} 次 · 上下文 {context} · 累计 ${cost:.4f} · "
             "用时 {elapsed}",
-            "- {step} · {turns} turns · {tools} tool calls · context {context} · "
+            "- {step} · {turns} {turns|turn|turns} · {tools} {tools|tool call|tool calls} · "
+            "context {context} · "
             "so far ${cost:.4f} · {elapsed}",
         ),
         "term.closing": (

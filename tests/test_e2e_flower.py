@@ -307,7 +307,10 @@ def test_an_empty_ask_with_nothing_to_wake_and_a_step_that_stops(model_server, f
     )
     f: Flower = flower_env(server)
     code, out, err = flower(f)  # stdin is not a terminal and says nothing
-    assert code == 1 and "要给一句诉求,例如 flower '帮我做一个 X'" in err.splitlines(), out + err
+    # The reference's line for an empty first request (issue 17), refused before any request.
+    line = '诉求是空的。直接 `flower` 然后按提示输入,或者 flower "帮我做一个 X"。'
+    assert code == 1 and line in err.splitlines(), out + err
+    assert server.requests == []
     # A step whose error is not worth retrying stops the run: its line, exit 1.
     code, out, err = flower(f, "run", "tests.flows.basic:one")
     assert code == 1, out + err

@@ -87,6 +87,8 @@ def test_flower_setup_on_a_terminal(
         term.expect("   > ")
         term.type(TOKEN)
         term.expect("2. 网关地址")
+        # The key is typed unseen: the terminal never echoes it (nor any piece of it).
+        assert TOKEN not in term.seen and TOKEN[:8] not in term.seen, term.seen
         term.expect("   > ")
         term.type(g.url)
         term.expect("3. 模型名")

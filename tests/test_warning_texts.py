@@ -40,7 +40,8 @@ def _sources() -> list[Path]:
 
 
 def _fields(text: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(text) if name}
+    # ``{n|row|rows}`` (flower.i18n's plural) names the field ``n``
+    return {name.split("|", 1)[0] for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
 def test_every_warning_is_a_catalogue_text() -> None:

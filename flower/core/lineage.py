@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import time
@@ -33,10 +32,11 @@ from typing import Any
 from .._errors import RunDirBusy
 from ..i18n import define, t
 from ..util.fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
+from ..util.lazylog import lazy_logger
 from .manifest import deferred_signals
 from .registry import Registry
 
-log = logging.getLogger("flower.lineage")
+log = lazy_logger("flower.lineage")  # logging loads when something is logged
 
 define(
     {

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
-import signal
 import threading
 import time
 from collections import Counter
@@ -39,19 +37,21 @@ from typing import TYPE_CHECKING, Any
 
 from ..i18n import define, t
 from ..util.fsutil import FILE_MODE, atomic_write_text, open_private, private_dir, set_aside
-from .result import StepResult
+from ..util.lazylog import lazy_logger
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a reader of the manifest (status, show) needs neither
     from filelock import FileLock
 
-log = logging.getLogger("flower")
+    from .result import StepResult
+
+log = lazy_logger("flower")  # logging loads when something is logged
 
 define(
     {
         "manifest.torn": (
             "manifest {path} 写到一半被截断;已留作 {aside},重写了其中完整的 {rows} 行",
             "manifest {path} was cut short mid-write; kept it as {aside} and rewrote its {rows} "
-            "whole rows",
+            "whole {rows|row|rows}",
         ),
         "manifest.corrupt": (
             "manifest {path} 不是由行组成的 JSON 数组;已留作 {aside},另起了一个新的",
@@ -76,11 +76,7 @@ _SIG_LEN = 64  # bytes before our last known end, re-checked to notice in-place 
 
 # Signals whose Python handlers may write the manifest (rescue() on SIGTERM/SIGHUP) or lineage;
 # a handler running in the middle of our own write would append at a stale offset.
-_DEFERRED = {
-    getattr(signal, name)
-    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
-    if hasattr(signal, name)
-}
+_DEFERRED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
 
 Entry = tuple[bytes, dict[str, Any]]  # (the row's raw JSON line, its parsed value)
 
@@ -88,10 +84,13 @@ Entry = tuple[bytes, dict[str, Any]]  # (the row's raw JSON line, its parsed val
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
     """Hold back signal handlers of this thread until the block ends (then they run)."""
+    import signal  # a writer's import, not a reader's (status reads the manifest)
+
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not Unix
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    deferred = {getattr(signal, name) for name in _DEFERRED if hasattr(signal, name)}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
     try:
         yield
     finally:

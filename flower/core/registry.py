@@ -11,7 +11,6 @@ A record is *alive* when its pid exists **and** that process started when the re
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from dataclasses import dataclass, field, fields
@@ -20,8 +19,9 @@ from typing import Any
 
 from ..i18n import define, t
 from ..util.fsutil import atomic_write_text, private_dir, set_aside
+from ..util.lazylog import lazy_logger
 
-log = logging.getLogger("flower")
+log = lazy_logger("flower")  # logging loads when something is logged
 
 define(
     {
@@ -44,6 +44,8 @@ FINISHED = "finished"
 FAILED = "failed"
 KILLED = "killed"
 INTERRUPTED = "interrupted"
+# What status, show and logs call a run whose process is gone mid-run, or was interrupted.
+RESUMABLE = "interrupted-resumable"
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -215,3 +217,14 @@ def _read(path: Path) -> FlowerRecord | None:
         if not isinstance(value, kind) or isinstance(value, bool):
             return None
     return record
+
+
+def state_of(r: FlowerRecord, alive: bool | None = None) -> str:
+    """What status calls the state of ``r``: its record's, except that a run whose process
+    is gone while it was running (or that was interrupted) is ``interrupted-resumable``.
+    ``alive`` is what the caller already knows of its process (asked when None)."""
+    if r.state == RUNNING:
+        return RUNNING if (r.alive if alive is None else alive) else RESUMABLE
+    if r.state == INTERRUPTED:
+        return RESUMABLE
+    return r.state  # finished / failed / killed

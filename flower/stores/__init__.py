@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..i18n import define, t
+from ..util.lazylog import lazy_logger
 from .dbfile import set_aside_database
 
 SESSIONS_DB = "sessions.db"
-log = logging.getLogger("flower")
+log = lazy_logger("flower")  # logging loads when something is logged
 
 define(
     {
@@ -30,6 +30,7 @@ def open_store(runtime: Any) -> Any:
     policy, False: that rule off). ``Runtime(trim=False)``, the default, turns off only
     size trimming; expiry and pruning stay on.
     """
+    from ..util.fsutil import private_run_dir
     from .prune import PrunePolicy, PruningSessionStore
     from .sqlite import SessionStoreDamaged, SessionStoreError
     from .trim import EphemeralPolicy, TrimPolicy
@@ -48,7 +49,7 @@ def open_store(runtime: Any) -> Any:
             prune=PrunePolicy(keep_denials=getattr(runtime, "keep_denials", 1)),
         )
 
-    path = runtime.run_dir / SESSIONS_DB
+    path = private_run_dir(runtime.run_dir) / SESSIONS_DB  # the first file a Runtime makes
     try:
         return store()
     except SessionStoreDamaged as exc:

@@ -11,7 +11,7 @@ WAL next to a fresh database would be replayed into it), never deleted.
 from __future__ import annotations
 
 import os
-import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..util.fsutil import set_aside
@@ -60,18 +60,29 @@ def damage(path: str | Path) -> str | None:
 def has_transcript(path: str | Path, session_id: str) -> bool | None:
     """:data:`SESSION_EXISTS` under any project, read-only and without the SDK (for
     ``status``); None when the file cannot be asked."""
+    return has_transcripts(path, [session_id])[session_id]
+
+
+def has_transcripts(path: str | Path, session_ids: Iterable[str]) -> dict[str, bool | None]:
+    """:func:`has_transcript` of each of ``session_ids``, over one read-only connection."""
+    ids = list(session_ids)
     p = Path(path)
     if not p.exists():
-        return False
+        return dict.fromkeys(ids, False)
+    import sqlite3  # ~7 ms: loaded by the callers that open a database, not by every import
+
+    out: dict[str, bool | None] = {}
     try:
         conn = sqlite3.connect(f"{p.as_uri()}?mode=ro", uri=True, timeout=1.0)
         try:
-            row = conn.execute(SESSION_EXISTS, {"sid": session_id, "pk": None}).fetchone()
+            for sid in ids:
+                row = conn.execute(SESSION_EXISTS, {"sid": sid, "pk": None}).fetchone()
+                out[sid] = row is not None
         finally:
             conn.close()
     except sqlite3.Error:
-        return None
-    return row is not None
+        return dict.fromkeys(ids, None)
+    return out
 
 
 def _wal_has_frames(path: Path) -> bool:

@@ -50,8 +50,9 @@ complete environment, for ``subprocess`` and for ``ClaudeAgentOptions(env=...)``
   own requests; ``CLAUDE_CODE_MAX_RETRIES`` = ``max_retries`` (0: a scripted error
   reaches flower at once; None keeps the CLI's own retries); ``IS_SANDBOX=1`` as root
   (the CLI refuses ``bypassPermissions`` to root otherwise);
-- of your environment only ``PATH``, the locale, ``TZ``, ``TMPDIR``, ``TERM`` and the user
-  and shell names; ``extra`` is applied last.
+- of your environment only ``PATH``, the locale and ``FLOWER_LANG`` (a flower started with
+  it speaks your language), ``TZ``, ``TMPDIR``, ``TERM`` and the user and shell names;
+  ``extra`` is applied last.
 
 An in-process ``Runtime`` starts the CLI from this process's environment, so put the
 variables in ``os.environ`` (``flower_cli_env`` does it for the test's duration).

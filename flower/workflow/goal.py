@@ -114,7 +114,8 @@ define(
         ),
         "goal.doomed": (
             "目标里有 {n} 条在此环境无法验证,判定时注定不过:{path}",
-            "{n} check(s) of the goal cannot be verified here and will fail every verdict: {path}",
+            "{n} {n|check|checks} of the goal cannot be verified here and will fail every "
+            "verdict: {path}",
         ),
     }
 )

@@ -60,3 +60,6 @@ noisy = Workflow(
     ],
     name="noisy",
 )
+
+# One step that never runs (its `when` says no): a flow that needs no model at all.
+idle = Workflow([Step("idle", hands, "[[idle]] go", when=lambda ctx: False)], name="idle")
