@@ -34,7 +34,7 @@ from flower.util.fsutil import open_private, private_dir
 from flower.util.lazylog import lazy_logger
 
 if TYPE_CHECKING:  # `logs` and `status` only ask where the file is
-    from flower.core.result import Event
+    from flower.state.result import Event
 
 log = lazy_logger("flower")  # logging loads when something is logged
 
@@ -128,7 +128,7 @@ class EventLog:
 
 def line(ev: Event, now: float | None = None) -> bytes:
     """``ev`` as the bytes of one line of ``events.jsonl``."""
-    from flower.core.result import jsonable
+    from flower.state.result import jsonable
 
     record = {
         "t": round(time.time() if now is None else now, 3),

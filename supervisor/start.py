@@ -25,21 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from flower import Runtime, Workbench
-from flower.core.attempt import preload
-from flower.core.proctree import PROCS
-from flower.core.registry import INTERRUPTED, KILLED
-from flower.core.reuse import report_lines
 from flower.i18n import define, t
+from flower.state.registry import INTERRUPTED, KILLED
+from flower.state.reuse import report_lines
+from flower.step.attempt import preload
+from flower.step.proctree import PROCS
 from flower.workflow import Workflow
 from flower.workflow.goal import why_rejected
 from flower.workflow.starter import archive
-
-from .eventlog import EventLog
-from .flows import refuse_new_while_live
-from .oracle import Oracle
-from .placement import Forked
-from .setup import unreachable
-from .terminal import Terminal, show_warnings
+from supervisor.eventlog import EventLog
+from supervisor.flows import refuse_new_while_live
+from supervisor.oracle import Oracle
+from supervisor.placement import Forked
+from supervisor.setup import unreachable
+from supervisor.terminal import Terminal, show_warnings
 
 define(
     {

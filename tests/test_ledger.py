@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from flower.stores.ledger import (
+from flower.state.ledger import (
     MAX_CONTENT_CHARS,
     NOT_FINISHED_TEXT,
     Call,
@@ -24,7 +24,7 @@ from flower.stores.ledger import (
     fill,
     render,
 )
-from flower.stores.prune import PruningSessionStore, is_interrupted
+from flower.state.prune import PruningSessionStore, is_interrupted
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,8 +21,7 @@ from claude_agent_sdk.testing import run_session_store_conformance
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flower.stores import open_store
-from flower.stores.prune import (
+from flower.state.prune import (
     INTERRUPTED_TEXT,
     PrunePolicy,
     PruningSessionStore,
@@ -30,15 +29,15 @@ from flower.stores.prune import (
     is_denied,
     is_interrupted,
 )
-from flower.stores.trim import (
+from flower.state.stores import open_store
+from flower.state.trim import (
     EphemeralPolicy,
     TrimPolicy,
     result_text,
     tool_results,
     tool_uses,
 )
-
-from .transcripts import KEY, OFF_E, OFF_T, fixture
+from tests.transcripts import KEY, OFF_E, OFF_T, fixture
 
 
 def pruned(

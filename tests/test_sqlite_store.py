@@ -20,8 +20,8 @@ import pytest
 from claude_agent_sdk.testing import run_session_store_conformance
 from claude_agent_sdk.types import SessionStore
 
-import flower.stores.sqlite as sqlite_store
-from flower.stores.sqlite import (
+import flower.state.sqlite as sqlite_store
+from flower.state.sqlite import (
     SessionStoreBusy,
     SessionStoreDamaged,
     SessionStoreError,
@@ -432,7 +432,7 @@ def test_a_disk_error_is_not_damage_and_the_file_stays(tmp_path: Path, monkeypat
     directory or an I/O error is one clear error, and the (healthy) file stays where it is."""
     from types import SimpleNamespace
 
-    from flower.stores import open_store
+    from flower.state.stores import open_store
 
     SqliteSessionStore(tmp_path / "sessions.db").close()  # a healthy database
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flower.stores.trim import (
+from flower.state.trim import (
     HEAD_CHARS,
     EphemeralPolicy,
     TrimmingSessionStore,
@@ -23,8 +23,7 @@ from flower.stores.trim import (
     tool_results,
     turn_ages,
 )
-
-from .transcripts import KEY, OFF_E, OFF_T, fixture
+from tests.transcripts import KEY, OFF_E, OFF_T, fixture
 
 
 def store_with(tmp_path: Path, entries: list[dict[str, Any]], **kw: Any) -> TrimmingSessionStore:

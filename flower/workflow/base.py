@@ -19,12 +19,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
-from ..core.agent import AgentSpec
-from ..core.call import StepCall
-from ..core.registry import Registry
-from ..core.result import Event, StepResult, jsonable
-from ..core.reuse import why as reason
+from ..agents.agent import AgentSpec
 from ..i18n import define, t
+from ..state.registry import Registry
+from ..state.result import Event, StepResult, jsonable
+from ..state.reuse import why as reason
+from ..step.call import StepCall
 from . import memo
 from .memo import Cache
 from .resume import (
@@ -37,7 +37,7 @@ from .resume import (
 )
 
 if TYPE_CHECKING:
-    from ..core.runtime import Runtime
+    from ..step.runtime import Runtime
 
 Ctx = dict[str, Any]
 

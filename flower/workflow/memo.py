@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core import reuse as _reuse  # noqa: F401 - defines the report texts this module uses
+from ..state import reuse as _reuse  # noqa: F401 - defines the report texts this module uses
 
 if TYPE_CHECKING:
-    from ..core.result import StepResult
+    from ..state.result import StepResult
 
 # A Step and a Workflow (typed loosely here: base.py imports this module).
 Step = Any

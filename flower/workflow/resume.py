@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import RunDirBusy
-from ..core.registry import FINISHED, Registry
+from ..state.registry import FINISHED, Registry
 
 if TYPE_CHECKING:
-    from ..core.agent import AgentSpec
+    from ..agents.agent import AgentSpec
 
 
 class HashedStep(Protocol):

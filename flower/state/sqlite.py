@@ -13,7 +13,7 @@ Layout (three tables, as seed 003 names them):
   last write time (epoch ms). The row whose ``key`` is ``''`` is the store-wide write clock.
 - ``summaries(project_key, session_id, mtime, data)``: the SDK's incrementally folded
   session summary (``fold_session_summary``), written in the same transaction as the append.
-- ``tool_calls``: flower's tool ledger, one row per tool call (:mod:`flower.stores.ledger`);
+- ``tool_calls``: flower's tool ledger, one row per tool call (:mod:`flower.state.ledger`);
   never part of a transcript, only consulted when one is loaded.
 
 Concurrency: several processes write one file at once. The file is in WAL mode and every
@@ -83,7 +83,7 @@ __all__ = [
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: the tool ledger's table (flower.stores.ledger)
+SCHEMA_VERSION = 2  # 2: the tool ledger's table (flower.state.ledger)
 BUSY_DEADLINE_S = 30.0  # below the SDK's 60 s send timeout, so our error is what it logs
 _CLOCK_KEY = ""  # real keys always contain "/", so "" can never collide with one
 CHECKPOINT_EVERY = 100  # appends of one process between background WAL checkpoints

@@ -370,7 +370,7 @@ def trim_report(store: TrimmingSessionStore) -> str:
 
     Nothing → ``未裁剪``; only expiry → ``N 个时效性结果标记为过期``; otherwise
     ``裁掉 N 个工具结果(保留最近 M 个),省下 ~X tokens`` (X = characters saved // 4).
-    A :class:`~flower.stores.prune.PruningSessionStore` is a trimming store too.
+    A :class:`~flower.state.prune.PruningSessionStore` is a trimming store too.
     """
     report, detail = store.last_report, store.last_trim
     expired = report.get("expired", 0)

@@ -27,12 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import AttemptCrash, FlowerError
-from .agent import AgentSpec, CompactPolicy, build_options, merge_hooks
+from ..agents.agent import AgentSpec, CompactPolicy, build_options, merge_hooks
+from ..state.result import HANDOFF_DUE, Event, StepResult
 from .call import StepCall
 from .events import context_of, normalize
 from .placement import Seat, Watch
 from .proctree import ATTEMPT_TAG, PROCS, ProcessTree
-from .result import HANDOFF_DUE, Event, StepResult
 
 Closer = Callable[[], Awaitable[None]]
 log = logging.getLogger("flower")
@@ -165,11 +165,11 @@ def attempt_hooks(spec: AgentSpec, seat: Seat) -> dict[str, list[Any]]:
     the spec is not ``delegate_only``. Unlike the original, a ``delegate_only`` spec keeps its
     wall and a spec with subagents keeps its Agent guard without a workbench too (the
     original left a coordinator on ``Runtime(workbench=False)`` with no hook at all). Last,
-    the tool ledger's hooks, for every spec (:mod:`flower.stores.ledger`). They are folded
-    into one matcher per event (:func:`~flower.core.guard.one_per_event`: one control round
+    the tool ledger's hooks, for every spec (:mod:`flower.state.ledger`). They are folded
+    into one matcher per event (:func:`~flower.agents.guard.one_per_event`: one control round
     trip per tool call and event instead of one per guard).
     """
-    from .guard import (
+    from ..agents.guard import (
         delegate_guard,
         isolate_guard,
         one_per_event,

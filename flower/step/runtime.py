@@ -21,21 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from ..agents.agent import AgentSpec
 from ..i18n import define, t
+from ..people.credentials import check_credentials, load_dotenv
+from ..state.lineage import LINEAGE_NAME, Lineage
+from ..state.manifest import MANIFEST_NAME, Manifest
+from ..state.registry import FlowerRecord, Registry, new_run_id, process_started
+from ..state.result import HANDOFF_DUE, INTERRUPTED, KILLED_BY_SIGNAL, StepResult
 from ..util.loops import call_on
-from .agent import AgentSpec
 from .attempt import Window
 from .call import StepCall
-from .credentials import check_credentials, load_dotenv
 from .inprocess import InProcess
 from .interrupts import Interrupts
-from .lineage import LINEAGE_NAME, Lineage
 from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop, handoff_fields
-from .manifest import MANIFEST_NAME, Manifest
 from .placement import Placement, Seat
-from .registry import FlowerRecord, Registry, new_run_id, process_started
 from .resilience import Resilience
-from .result import HANDOFF_DUE, INTERRUPTED, KILLED_BY_SIGNAL, StepResult
 from .window import HandoffPolicy
 
 log = logging.getLogger("flower")
@@ -114,7 +114,7 @@ class Runtime:
     # -- stores and files -------------------------------------------------------------
 
     def _make_store(self) -> Any:
-        from ..stores import open_store
+        from ..state.stores import open_store
 
         return open_store(self)
 
@@ -417,7 +417,7 @@ def _workbench(value: Any, workspace: Path, run_dir: Path) -> Any:
     the workspace), False/None → none. Its index is refreshed at once."""
     if value is None or value is False:
         return None
-    from .workbench import Workbench
+    from ..agents.workbench import Workbench
 
     wb = Workbench(workspace, home=run_dir / "workbench") if value is True else value
     if not isinstance(wb, Workbench):

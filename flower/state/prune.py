@@ -159,7 +159,7 @@ class PruningSessionStore(TrimmingSessionStore):
     ``relinked`` (references moved) to the trimming layer's counts, ``ledger`` (results the
     tool ledger supplied) and ``healed`` (orphan calls answered) when any were. ``pruned``
     is how many entries the last load dropped, ``denials_dropped`` how many denied calls.
-    ``ledger`` is this store's :class:`~flower.stores.ledger.ToolLedger`.
+    ``ledger`` is this store's :class:`~flower.state.ledger.ToolLedger`.
     """
 
     def __init__(
@@ -178,7 +178,7 @@ class PruningSessionStore(TrimmingSessionStore):
         self.ledger = ToolLedger(self)
 
     def reshape(self, entries: list[Entry]) -> list[Entry]:
-        """The tool ledger's results first (:func:`flower.stores.ledger.fill`), then
+        """The tool ledger's results first (:func:`flower.state.ledger.fill`), then
         pruning, then the trimming layer's expiry and trimming."""
         report: dict[str, int] = {}
         entries = list(entries)
