@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flower.state.eventlog import EventLog
 from flower.state.lineage import Lineage
 from flower.state.manifest import Manifest
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
 from flower.state.result import Event, StepResult
-from supervisor.eventlog import EventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 3.0

@@ -24,12 +24,12 @@ from typing import IO, Any
 
 from flower import FlowerError
 from flower.i18n import define, t
+from flower.state.eventlog import events_path
 from flower.state.registry import RUNNING, FlowerRecord, Registry, state_of
 from flower.util.sanitize import clean
 from supervisor.cancel import find_run
 from supervisor.columns import terminal_columns
 from supervisor.columns import width as cols
-from supervisor.eventlog import events_path
 from supervisor.out import echo, one_line
 
 POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us

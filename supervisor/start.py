@@ -33,7 +33,6 @@ from flower.step.proctree import PROCS
 from flower.workflow import Workflow
 from flower.workflow.goal import why_rejected
 from flower.workflow.starter import archive
-from supervisor.eventlog import EventLog
 from supervisor.flows import refuse_new_while_live
 from supervisor.oracle import Oracle
 from supervisor.placement import Forked
@@ -160,7 +159,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     try:
         ctx = await wf.run(
             rt,
-            on_event=EventLog.open(rt.run_dir, rt.run_id).tee(term.on_event),
+            on_event=rt.state.event_log(rt.run_id).tee(term.on_event),
             on_step=lambda s, r: term.step_done(r),
             command=args.command,
             new=args.new,

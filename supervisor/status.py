@@ -19,6 +19,7 @@ from flower.i18n import define, t
 from flower.state import lineage, manifest
 from flower.state.dbfile import damage as db_damage
 from flower.state.dbfile import has_transcripts
+from flower.state.eventlog import events_path
 from flower.state.lineage import peek
 from flower.state.manifest import read_manifest
 from flower.state.registry import (
@@ -33,7 +34,6 @@ from flower.state.registry import (
 )
 from flower.state.reuse import report_lines, summary
 from flower.state.stores import SESSIONS_DB
-from supervisor.eventlog import events_path
 
 LAST_ROWS = 10
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.

@@ -19,12 +19,12 @@ import pytest
 
 from flower import FlowerError
 from flower.i18n import keys, texts
+from flower.state.eventlog import EventLog, events_path
 from flower.state.manifest import Manifest
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
 from flower.state.result import Event, StepResult
 from flower.step.events import entry_is_synthetic
 from supervisor import logs, show, status
-from supervisor.eventlog import EventLog, events_path
 from tests.transcripts import FIXTURES, fixture
 
 CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
