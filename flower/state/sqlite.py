@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -770,44 +771,24 @@ class SqliteLedgerRows:
         """Insert a started call; a row that exists already is left as it is."""
         sql = (
             "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, message,"
-            " state, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT(tool_use_id) DO NOTHING"
+            " state, started_at) VALUES (:tool_use_id, :session_id, :agent_id, :name, :input,"
+            " :message, :state, :started_at) ON CONFLICT(tool_use_id) DO NOTHING"
         )
-        args = (
-            row.tool_use_id,
-            row.session_id,
-            row.agent_id,
-            row.name,
-            row.input,
-            row.message,
-            row.state,
-            row.started_at,
-        )
+        args = _named(row)
         await self.store._run(lambda conn: conn.execute(sql, args), write=True)
 
     async def finished(self, row: LedgerRow) -> None:
         """Insert or update the call's end: state, response, content, is_error, ended_at."""
         sql = (
             "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, state,"
-            " response, content, is_error, started_at, ended_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(tool_use_id) DO UPDATE SET"
+            " response, content, is_error, started_at, ended_at) VALUES (:tool_use_id,"
+            " :session_id, :agent_id, :name, :input, :state, :response, :content, :is_error,"
+            " :started_at, :ended_at) ON CONFLICT(tool_use_id) DO UPDATE SET"
             " state = excluded.state, response = excluded.response,"
             " content = excluded.content, is_error = excluded.is_error,"
             " ended_at = excluded.ended_at"
         )
-        args = (
-            row.tool_use_id,
-            row.session_id,
-            row.agent_id,
-            row.name,
-            row.input,
-            row.state,
-            row.response,
-            row.content,
-            int(row.is_error),
-            row.started_at,
-            row.ended_at,
-        )
+        args = _named(row)
         await self.store._run(lambda conn: conn.execute(sql, args), write=True)
 
     def exact(self, tool_use_id: str, content: str, is_error: bool) -> None:
@@ -836,6 +817,11 @@ class SqliteLedgerRows:
         sql = f"SELECT {_LEDGER_COLUMNS} FROM tool_calls WHERE {where}"
         rows = self.store._run_sync(lambda conn: conn.execute(sql, args).fetchall())
         return [_ledger_row(row) for row in rows]
+
+
+def _named(row: LedgerRow) -> dict[str, Any]:
+    """``row``'s fields as named parameters (``is_error`` stored as 0/1)."""
+    return {**dataclasses.asdict(row), "is_error": int(row.is_error)}
 
 
 def _ledger_row(row: Sequence[Any]) -> LedgerRow:
