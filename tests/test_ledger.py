@@ -378,6 +378,8 @@ def test_the_ledger_keeps_the_message_that_asked_for_a_call(backend: Backend) ->
     from claude_agent_sdk import AssistantMessage, TextBlock, ToolUseBlock
 
     store = backend.pruning()
+    # the session is in the store already: the call does not wait for it (SESSION_WAIT_S)
+    asyncio.run(store.append({"project_key": PK, "session_id": SID}, [prompt("p")]))
     text = AssistantMessage([TextBlock("先看")], "m", message_id="msg_1", uuid="u1")
     call = AssistantMessage(
         [ToolUseBlock("t5", "Bash", {"command": "ls"})], "m", message_id="msg_1", uuid="u2"

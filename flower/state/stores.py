@@ -68,8 +68,10 @@ def open_store(runtime: Any) -> PruningSessionStore:
     """The store of a Runtime: :func:`layered` over its run state's sessions and ledger,
     with its ``workspace``, ``trim``, ``ephemeral`` and ``keep_denials``.
 
-    A runtime without a run state (``runtime.state``) has the local one's: the SQLite store
-    on ``run_dir/sessions.db`` and its ledger table (:func:`local_sessions`).
+    A runtime without a run state (``runtime.state``) gets the local backend's stores: the
+    SQLite store on ``run_dir/sessions.db`` (:func:`local_sessions`) and its ledger table.
+    That fallback, and :func:`local_sessions` with it, is for Runtimes from before the seam;
+    the local run state opens the same file the same way.
     """
     from .sqlite import SqliteLedgerRows
 

@@ -1,13 +1,14 @@
 """``TrimmingSessionStore``: what a resumed session is sent, trimmed by size and by value.
 
 The middle of the three store layers (sqlite → trimming → pruning, seed 003 会话存储). A
-layer, not a backend: it wraps any session store of the seam (:class:`flower.state.seam.
-Sessions`: SQLite's, PostgreSQL's) and is one itself, every method handed to the store it
-wraps but ``load``. Everything happens in :meth:`TrimmingSessionStore.load`, which the SDK
-calls before it spawns the CLI to resume a session: the SDK writes the entries ``load()``
-returns into the JSONL file the CLI resumes from, so they are exactly what the model is
-sent. The store below keeps every original byte (``load_sync`` still returns them);
-``load()`` returns new dicts and never mutates what the lower layer returned.
+layer, not a backend: it wraps any session store of the seam
+(:class:`~flower.state.seam.Sessions`: SQLite's, PostgreSQL's) and is one itself, every
+method handed to the store it wraps but ``load``. Everything happens in
+:meth:`TrimmingSessionStore.load`, which the SDK calls before it spawns the CLI to resume a
+session: the SDK writes the entries ``load()`` returns into the JSONL file the CLI resumes
+from, so they are exactly what the model is sent. The store below keeps every original byte
+(``load_sync`` still returns them); ``load()`` returns new dicts and never mutates what the
+lower layer returned.
 
 Two rules, in this order:
 
