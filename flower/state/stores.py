@@ -1,12 +1,20 @@
-"""Session stores: SQLite at the bottom, trimming and pruning layered on top (seed 003)."""
+"""Session stores: the run state's sessions at the bottom, trimming and pruning layered on
+top (seed 003), the tool ledger beside them."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..i18n import define, t
 from ..util.lazylog import lazy_logger
 from .dbfile import set_aside_database
+
+if TYPE_CHECKING:  # the SDK: status imports SESSIONS_DB from here and must not load it
+    from .prune import PruningSessionStore
+    from .seam import LedgerRows, Sessions
+    from .sqlite import SqliteSessionStore
+    from .trim import EphemeralPolicy, TrimPolicy
 
 SESSIONS_DB = "sessions.db"
 log = lazy_logger("flower")  # logging loads when something is logged
@@ -23,38 +31,77 @@ define(
 )
 
 
-def open_store(runtime: Any) -> Any:
-    """The store a Runtime always uses (seed 003): the pruning layer on run_dir/sessions.db.
+def layered(
+    sessions: Sessions,
+    ledger_rows: LedgerRows,
+    *,
+    workspace: str | Path,
+    trim: TrimPolicy | bool = False,
+    ephemeral: EphemeralPolicy | bool = True,
+    keep_denials: int = 1,
+) -> PruningSessionStore:
+    """The store a Runtime uses (seed 003): the pruning layer over ``sessions``, its tool
+    ledger over ``ledger_rows`` (``.ledger``), both of one run state.
 
-    ``runtime.trim`` / ``runtime.ephemeral`` may be a policy or a bool (True: the default
-    policy, False: that rule off). ``Runtime(trim=False)``, the default, turns off only
-    size trimming; expiry and pruning stay on.
+    ``trim`` / ``ephemeral`` may be a policy or a bool (True: the default policy, False:
+    that rule off). ``trim=False``, the Runtime's default, turns off only size trimming;
+    expiry and pruning stay on.
     """
-    from ..util.fsutil import private_run_dir
     from .prune import PrunePolicy, PruningSessionStore
-    from .sqlite import SessionStoreDamaged, SessionStoreError
     from .trim import EphemeralPolicy, TrimPolicy
 
-    def _policy(value: Any, cls: type[Any]) -> Any:
-        if isinstance(value, cls):
-            return value
-        return cls() if value else cls(enabled=False)
+    return PruningSessionStore(
+        sessions,
+        workspace=workspace,
+        policy=trim if isinstance(trim, TrimPolicy) else TrimPolicy(enabled=bool(trim)),
+        ephemeral=(
+            ephemeral
+            if isinstance(ephemeral, EphemeralPolicy)
+            else EphemeralPolicy(enabled=bool(ephemeral))
+        ),
+        prune=PrunePolicy(keep_denials=keep_denials),
+        ledger=ledger_rows,
+    )
 
-    def store() -> Any:
-        return PruningSessionStore(
-            path,
-            workspace=runtime.workspace,
-            policy=_policy(getattr(runtime, "trim", False), TrimPolicy),
-            ephemeral=_policy(getattr(runtime, "ephemeral", True), EphemeralPolicy),
-            prune=PrunePolicy(keep_denials=getattr(runtime, "keep_denials", 1)),
-        )
 
-    path = private_run_dir(runtime.run_dir) / SESSIONS_DB  # the first file a Runtime makes
+def open_store(runtime: Any) -> PruningSessionStore:
+    """The store of a Runtime: :func:`layered` over its run state's sessions and ledger,
+    with its ``workspace``, ``trim``, ``ephemeral`` and ``keep_denials``.
+
+    A runtime without a run state (``runtime.state``) gets the local backend's stores: the
+    SQLite store on ``run_dir/sessions.db`` (:func:`local_sessions`) and its ledger table.
+    That fallback, and :func:`local_sessions` with it, is for Runtimes from before the seam;
+    the local run state opens the same file the same way.
+    """
+    from .sqlite import SqliteLedgerRows
+
+    state = getattr(runtime, "state", None)
+    if state is not None:
+        sessions, ledger_rows = state.sessions, state.ledger
+    else:
+        local = local_sessions(runtime.run_dir)
+        sessions, ledger_rows = local, SqliteLedgerRows(local)
+    return layered(
+        sessions,
+        ledger_rows,
+        workspace=runtime.workspace,
+        trim=getattr(runtime, "trim", False),
+        ephemeral=getattr(runtime, "ephemeral", True),
+        keep_denials=getattr(runtime, "keep_denials", 1),
+    )
+
+
+def local_sessions(run_dir: str | Path) -> SqliteSessionStore:
+    """The local run state's session store, ``run_dir/sessions.db`` (the first file a
+    Runtime makes). A damaged file is set aside for a person and a fresh one started:
+    continuity never blocks work (lineage then says its sessions cannot be continued)."""
+    from ..util.fsutil import private_run_dir
+    from .sqlite import SessionStoreDamaged, SessionStoreError, SqliteSessionStore
+
+    path = private_run_dir(run_dir) / SESSIONS_DB
     try:
-        return store()
+        return SqliteSessionStore(path)
     except SessionStoreDamaged as exc:
-        # Continuity never blocks work: the damaged file is kept for a person, a fresh one
-        # starts, and the sessions in the old one cannot be continued (lineage says so).
         try:
             aside = set_aside_database(path)
         except OSError as move:
@@ -63,4 +110,4 @@ def open_store(runtime: Any) -> Any:
                 hint=f"move {path} (and its -wal/-shm files) away by hand, then run again",
             ) from exc
         log.warning("%s", t("stores.set_aside", problem=exc.message, aside=aside))
-        return store()
+        return SqliteSessionStore(path)
