@@ -21,6 +21,7 @@ from claude_agent_sdk.types import SessionStore
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from flower.state.backends import LocalState
 from flower.state.postgres import PostgresSessionStore
 from flower.state.prune import (
     INTERRUPTED_TEXT,
@@ -387,6 +388,7 @@ def test_the_runtimes_store(
     rt = SimpleNamespace(
         run_dir=tmp_path / "runs",
         workspace=tmp_path,
+        state=LocalState(tmp_path / "runs", tmp_path),
         trim=trim,
         ephemeral=ephemeral,
         keep_denials=3,

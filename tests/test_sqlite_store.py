@@ -455,6 +455,7 @@ def test_a_disk_error_is_not_damage_and_the_file_stays(tmp_path: Path, monkeypat
     directory or an I/O error is one clear error, and the (healthy) file stays where it is."""
     from types import SimpleNamespace
 
+    from flower.state.backends import LocalState
     from flower.state.stores import open_store
 
     SqliteSessionStore(tmp_path / "sessions.db").close()  # a healthy database
@@ -463,7 +464,7 @@ def test_a_disk_error_is_not_damage_and_the_file_stays(tmp_path: Path, monkeypat
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(SqliteSessionStore, "_configure", disk_trouble)
-    runtime = SimpleNamespace(run_dir=tmp_path, workspace=tmp_path)
+    runtime = SimpleNamespace(workspace=tmp_path, state=LocalState(tmp_path, tmp_path))
     with pytest.raises(SessionStoreError, match="cannot be opened: disk I/O error") as info:
         open_store(runtime)
     assert not isinstance(info.value, SessionStoreDamaged) and info.value.hint

@@ -25,24 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..i18n import define, t
-from ..util.lazylog import lazy_logger
-
-log = lazy_logger("flower")
-
-define(
-    {
-        "state.set_aside": (
-            "{problem};已把它(连同 -wal/-shm 文件)挪到 {aside},另起了一个新的;"
-            "之前的对话还在旧文件里",
-            "{problem}; moved it (with its -wal/-shm files) to {aside} and started a fresh one; "
-            "earlier conversations stay in the old file",
-        ),
-    }
-)
-
 STATE_ENV = "FLOWER_STATE"
-SESSIONS_DB = "sessions.db"
 
 __all__ = ["STATE_ENV", "LocalState", "SharedState", "open_state", "state_url"]
 
@@ -117,25 +100,9 @@ class LocalState:
         return self._ledger
 
     def _open_sqlite(self) -> Any:
-        from ..util.fsutil import private_run_dir
-        from .dbfile import set_aside_database
-        from .sqlite import SessionStoreDamaged, SessionStoreError, SqliteSessionStore
+        from .stores import local_sessions
 
-        path = private_run_dir(self.run_dir) / SESSIONS_DB  # the first file a Runtime makes
-        try:
-            return SqliteSessionStore(path)
-        except SessionStoreDamaged as exc:
-            # Continuity never blocks work: the damaged file is kept for a person, a fresh
-            # one starts, and the sessions in the old one cannot be continued.
-            try:
-                aside = set_aside_database(path)
-            except OSError as move:
-                raise SessionStoreError(
-                    f"{exc.message}, and it cannot be moved aside ({move.strerror or move})",
-                    hint=f"move {path} (and its -wal/-shm files) away by hand, then run again",
-                ) from exc
-            log.warning("%s", t("state.set_aside", problem=exc.message, aside=aside))
-            return SqliteSessionStore(path)
+        return local_sessions(self.run_dir)
 
     # -- the run's records -----------------------------------------------------------------
 

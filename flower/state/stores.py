@@ -68,22 +68,11 @@ def open_store(runtime: Any) -> PruningSessionStore:
     """The store of a Runtime: :func:`layered` over its run state's sessions and ledger,
     with its ``workspace``, ``trim``, ``ephemeral`` and ``keep_denials``.
 
-    A runtime without a run state (``runtime.state``) gets the local backend's stores: the
-    SQLite store on ``run_dir/sessions.db`` (:func:`local_sessions`) and its ledger table.
-    That fallback, and :func:`local_sessions` with it, is for Runtimes from before the seam;
-    the local run state opens the same file the same way.
     """
-    from .sqlite import SqliteLedgerRows
-
-    state = getattr(runtime, "state", None)
-    if state is not None:
-        sessions, ledger_rows = state.sessions, state.ledger
-    else:
-        local = local_sessions(runtime.run_dir)
-        sessions, ledger_rows = local, SqliteLedgerRows(local)
+    state = runtime.state
     return layered(
-        sessions,
-        ledger_rows,
+        state.sessions,
+        state.ledger,
         workspace=runtime.workspace,
         trim=getattr(runtime, "trim", False),
         ephemeral=getattr(runtime, "ephemeral", True),
