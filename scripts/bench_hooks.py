@@ -4,7 +4,7 @@ Through the real bundled CLI against the scripted model server, in this process 
 run where the attempt runs in every placement, so a step child pays the same):
 
 - bare: an SDK session with no hooks at all (the same session store, flushed eagerly);
-- flower: the options a Runtime's attempt gets (``flower.core.attempt.options_for``): the
+- flower: the options a Runtime's attempt gets (``flower.step.attempt.options_for``): the
   whitelist guard, the workbench's index and spill guards, and the tool ledger (its
   ``PreToolUse`` records the start and the message that asked for the call, its
   ``PostToolUse`` commits the result), folded into one matcher per event. A coordinator's
@@ -81,7 +81,7 @@ def bare_options(rt: Any) -> Any:
     from dataclasses import replace
 
     from flower import AgentSpec
-    from flower.core.agent import build_options
+    from flower.agents.agent import build_options
 
     spec = AgentSpec("bench", "bench", allowed_tools=["Bash"], permission_mode="acceptEdits")
     opts = build_options(spec, cwd=rt.workspace, session_store=rt.store, portable=True)
@@ -90,8 +90,8 @@ def bare_options(rt: Any) -> Any:
 
 def flower_options(rt: Any) -> Any:
     from flower import AgentSpec
-    from flower.core.attempt import options_for
-    from flower.core.call import StepCall
+    from flower.step.attempt import options_for
+    from flower.step.call import StepCall
 
     spec = AgentSpec("bench", "bench", allowed_tools=["Bash"], permission_mode="acceptEdits")
     return options_for(StepCall(spec, "", "bench"), rt.seat)

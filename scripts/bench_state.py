@@ -40,7 +40,7 @@ BACKENDS = ("sqlite", "postgres")
 async def worker(backend: str, where: str, writer: int, count: int, pace_s: float) -> None:
     store: Any
     if backend == "sqlite":
-        from flower.stores.sqlite import SqliteSessionStore
+        from flower.state.sqlite import SqliteSessionStore
 
         store = SqliteSessionStore(where)
     else:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flower import FlowerError
-from flower.core.registry import FlowerRecord, Registry, is_alive
 from flower.i18n import define, t
+from flower.state.registry import FlowerRecord, Registry, is_alive
 
 define(
     {

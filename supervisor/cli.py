@@ -372,9 +372,9 @@ def start(
     no_goal: bool,
 ) -> None:
     """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
-    from .flows import load_flow, starter
-    from .start import StartArgs, run_start
-    from .terminal import Terminal
+    from supervisor.flows import load_flow, starter
+    from supervisor.start import StartArgs, run_start
+    from supervisor.terminal import Terminal
 
     ws = (workspace or Path.cwd()).expanduser()
     try:
@@ -432,7 +432,7 @@ def _resume_command(
 @click.option("--json", "as_json", is_flag=True, help=t("super.help.json"))
 def status(run_dir: Path, as_json: bool) -> None:
     """``flower-super status``: exit 0, 3 (dead and unfinished) or 2 (a mistake)."""
-    from .status import collect, render_text
+    from supervisor.status import collect, render_text
 
     try:
         report = collect(run_dir)
@@ -452,7 +452,7 @@ def status(run_dir: Path, as_json: bool) -> None:
 @run_dir_option
 def cancel(run: str, run_dir: Path) -> None:
     """``flower-super cancel RUN``."""
-    from .cancel import cancel as cancel_run
+    from supervisor.cancel import cancel as cancel_run
 
     try:
         done = cancel_run(run_dir.expanduser().absolute(), run)
@@ -476,7 +476,7 @@ def cancel(run: str, run_dir: Path) -> None:
 )
 def verify(flow_ref: str) -> None:
     """``flower-super verify --flow REF``."""
-    from .flows import load_flow
+    from supervisor.flows import load_flow
 
     try:
         wf = load_flow(flow_ref)
@@ -491,7 +491,7 @@ def verify(flow_ref: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help=t("super.help.show_json"))
 def show(what: str | None, run_dir: Path, as_json: bool) -> None:
     """``flower-super show [RUN | STEP]``."""
-    from .show import run
+    from supervisor.show import run
 
     try:
         run(what, run_dir, as_json)
@@ -505,7 +505,7 @@ def show(what: str | None, run_dir: Path, as_json: bool) -> None:
 @run_dir_option
 def logs(run: str | None, follow_: bool, run_dir: Path) -> None:
     """``flower-super logs [-f] [RUN]``."""
-    from .logs import run as run_logs
+    from supervisor.logs import run as run_logs
 
     try:
         run_logs(run, follow_, run_dir)
@@ -556,7 +556,7 @@ def model_server(script_path: str, port: int, log_path: str | None) -> None:
 @click.option("--keep", is_flag=True, help=t("super.help.keep"))
 def demo(keep: bool) -> None:
     """``flower-super demo``."""
-    from .demo import run_demo
+    from supervisor.demo import run_demo
 
     try:
         sys.exit(run_demo(keep=keep))

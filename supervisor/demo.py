@@ -22,8 +22,7 @@ import psutil
 
 from flower import FlowerError
 from flower.i18n import define, t
-
-from .demo_flow import RESEARCH, WRAP, WRITE
+from supervisor.demo_flow import RESEARCH, WRAP, WRITE
 
 STEP_TIMEOUT = 60.0
 GONE_WITHIN = 5.0  # the children notice their parent's death within moments

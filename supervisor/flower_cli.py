@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(t("cli.no_cmd"))
     try:
         if args.cmd == "setup":
-            from .setup import setup_main
+            from supervisor.setup import setup_main
 
             return setup_main()
         if args.cmd == "once":
@@ -466,13 +466,13 @@ def _err(message: str, hint: str = "") -> None:
 
 
 def _workspace(args: argparse.Namespace) -> Path:
-    from .cli import workspace_dir
+    from supervisor.cli import workspace_dir
 
     return workspace_dir(Path(args.workspace))  # FlowerError: one line, exit 1
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
-    from .cli import check_run_dir
+    from supervisor.cli import check_run_dir
 
     path = Path(args.run_dir).expanduser()
     check_run_dir(path)
@@ -487,7 +487,7 @@ def _credentials(args: argparse.Namespace, workspace: Path) -> None:
 
 def _have_credentials(workspace: Path) -> None:
     """Gate one: credentials are found, or asked for on a terminal (no request is sent)."""
-    from .setup import SetupExit, have_credentials
+    from supervisor.setup import SetupExit, have_credentials
 
     try:
         have_credentials(
@@ -499,14 +499,14 @@ def _have_credentials(workspace: Path) -> None:
 
 def _credentials_work(args: argparse.Namespace) -> None:
     """Gate two: the probe's one request (a rejected key gets one chance on a terminal)."""
-    from .setup import SetupExit, credentials_work
+    from supervisor.setup import SetupExit, credentials_work
 
     try:
         credentials_work(interactive=sys.stdin.isatty(), say=_say, read_line=_input_line)
     except SetupExit as exc:
         raise Stop(exc.message, exc.code) from None
     if args.verbose:
-        from .setup import describe_credentials
+        from supervisor.setup import describe_credentials
 
         for line in describe_credentials():
             _say(line)
@@ -557,10 +557,9 @@ def _read_ask(waking: bool) -> str:
 
 def _go(args: argparse.Namespace) -> int:
     from flower.workflow.starter import NO_ASK, NOT_GIT, in_git, wake_state
-
-    from .flows import starter
-    from .start import StartArgs, run_start
-    from .terminal import Terminal
+    from supervisor.flows import starter
+    from supervisor.start import StartArgs, run_start
+    from supervisor.terminal import Terminal
 
     if args.window is not None and args.window < 0:
         raise Stop(t("cli.bad_window", value=args.window), code=2)
@@ -630,7 +629,7 @@ def _after_stop(code: int, term: Any) -> int:
     why = str(getattr(term, "stop_reason", "") or "")
     if code != 1 or not why or not sys.stdin.isatty():
         return code
-    from .setup import configure, looks_like_credentials_error
+    from supervisor.setup import configure, looks_like_credentials_error
 
     if not looks_like_credentials_error(why):
         return code
@@ -641,7 +640,7 @@ def _after_stop(code: int, term: Any) -> int:
 
 
 def _handoff(args: argparse.Namespace) -> Any:
-    from flower.core.window import HandoffPolicy
+    from flower.step.window import HandoffPolicy
 
     if args.no_handoff:
         return False
@@ -668,9 +667,9 @@ def _go_command(args: argparse.Namespace, ws: Path, run_dir: Path) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .flows import load_flow
-    from .start import StartArgs, run_start
-    from .terminal import Terminal
+    from supervisor.flows import load_flow
+    from supervisor.start import StartArgs, run_start
+    from supervisor.terminal import Terminal
 
     ws = _workspace(args)
     run_dir = _run_dir(args)
@@ -718,9 +717,8 @@ def _once(args: argparse.Namespace) -> int:
     import time
 
     from flower import AgentSpec, Runtime
-
-    from .setup import unreachable
-    from .terminal import Terminal, clock
+    from supervisor.setup import unreachable
+    from supervisor.terminal import Terminal, clock
 
     ws = _workspace(args)
     run_dir = _run_dir(args)

@@ -17,9 +17,9 @@ from typing import Any
 
 import flower
 from flower import ConfigError, RunDirBusy
-from flower.core.credentials import check_credentials, load_dotenv
-from flower.core.registry import Registry
 from flower.i18n import define, t
+from flower.people.credentials import check_credentials, load_dotenv
+from flower.state.registry import Registry
 from flower.workflow import Workflow
 from flower.workflow.starter import starter_flow
 from flower.workflow.verify import check

@@ -11,8 +11,7 @@ import sys
 import click
 
 from flower.util.sanitize import clean
-
-from .columns import fit
+from supervisor.columns import fit
 
 
 def one_line(text: str, limit: int) -> str:

@@ -1,7 +1,7 @@
 """Credentials for the ``flower`` command: ``flower setup``, the probe, and the two gates.
 
 Gate one (are there credentials) looks them up in the order of
-:mod:`flower.core.credentials` and, when there are none, asks for them on the terminal
+:mod:`flower.people.credentials` and, when there are none, asks for them on the terminal
 (:func:`configure`) or stops with the four-line message. Gate two (do they work) sends one
 tiny request (:func:`probe`): a rejected key or a wrong gateway/model gets one chance to be
 reconfigured; a network problem is reported and the run starts anyway, since the runtime
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from flower._errors import FlowerError
-from flower.core.credentials import (
+from flower.i18n import define, t
+from flower.people.credentials import (
     KNOWN_KEYS,
     SETUP_KEYS,
     SHELL,
@@ -33,7 +34,6 @@ from flower.core.credentials import (
     source_above_config,
     write_config_env,
 )
-from flower.i18n import define, t
 
 ReadLine = Callable[[str], str | None]
 Say = Callable[[str], None]

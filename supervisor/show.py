@@ -16,7 +16,7 @@ What is shown (the ``--json`` document holds the same, with full texts):
   reminders, ``isMeta`` entries), background-task notices, command output. A tool result
   the CLI filled in for a call that was cut off says what happened to the call; a
   subagent's result is its report, without the frame the CLI hands it back in
-  (:func:`flower.core.events.readable_result`).
+  (:func:`flower.step.events.readable_result`).
 
 What the argument names, tried in this order:
 
@@ -41,7 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from flower import FlowerError
-from flower.core.events import (
+from flower.i18n import define, t
+from flower.state.lineage import bare_name, peek
+from flower.state.manifest import read_manifest
+from flower.state.registry import RUNNING, FlowerRecord, Registry, state_of
+from flower.state.stores import SESSIONS_DB
+from flower.step.events import (
     NO_RESPONSE,
     cut_kind,
     entry_is_synthetic,
@@ -49,17 +54,11 @@ from flower.core.events import (
     reminders,
     tagged,
 )
-from flower.core.lineage import bare_name, peek
-from flower.core.manifest import read_manifest
-from flower.core.registry import RUNNING, FlowerRecord, Registry, state_of
-from flower.i18n import define, t
-from flower.stores import SESSIONS_DB
 from flower.util.sanitize import clean
-
-from .cancel import find_run
-from .columns import line_width
-from .columns import width as cols
-from .out import echo, one_line
+from supervisor.cancel import find_run
+from supervisor.columns import line_width
+from supervisor.columns import width as cols
+from supervisor.out import echo, one_line
 
 CALL_CHARS = 120  # a tool call's argument, cut
 RESULT_CHARS = 160  # the first line of a tool result, cut
@@ -273,7 +272,7 @@ def _target(st: _State, sid: str, label: str | None = None) -> Target:
 
 def conversation(run_dir: Path, session_id: str) -> list[dict[str, Any]]:
     """The turns of ``session_id``'s main transcript, in order, as plain dicts."""
-    from flower.stores.dbfile import damage
+    from flower.state.dbfile import damage
     from flower.testing.rundir import transcript
 
     db = run_dir / SESSIONS_DB
@@ -420,7 +419,7 @@ def _result(tid: str, tool: str, content: Any, block: dict[str, Any]) -> dict[st
 
 
 def _ledger(db: Path, session_id: str) -> dict[str, dict[str, Any]]:
-    """The tool ledger's rows of ``session_id`` (flower.stores.ledger), read-only; {} when
+    """The tool ledger's rows of ``session_id`` (flower.state.ledger), read-only; {} when
     there is none (an older sessions.db, or no file)."""
     import sqlite3
 
@@ -500,7 +499,7 @@ def _text_of(content: Any) -> str:
 def summary(args: dict[str, Any]) -> str:
     """A call's most telling argument: the first of flower's summary keys it has (path,
     command, pattern …), else its first short text value, else its JSON."""
-    from flower.core.events import SUMMARY_KEYS  # with the result classes: for tool calls only
+    from flower.step.events import SUMMARY_KEYS  # with the result classes: for tool calls only
 
     for key in (*SUMMARY_KEYS, "prompt", "skill", "subject"):
         value = args.get(key)

@@ -25,21 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from flower import Runtime, Workbench
-from flower.core.attempt import preload
-from flower.core.proctree import PROCS
-from flower.core.registry import INTERRUPTED, KILLED
-from flower.core.reuse import report_lines
 from flower.i18n import define, t
+from flower.state.registry import INTERRUPTED, KILLED
+from flower.state.reuse import report_lines
+from flower.step.attempt import preload
+from flower.step.proctree import PROCS
 from flower.workflow import Workflow
 from flower.workflow.goal import why_rejected
 from flower.workflow.starter import archive
-
-from .eventlog import EventLog
-from .flows import refuse_new_while_live
-from .oracle import Oracle
-from .placement import Forked
-from .setup import unreachable
-from .terminal import Terminal, show_warnings
+from supervisor.flows import refuse_new_while_live
+from supervisor.oracle import Oracle
+from supervisor.placement import Forked
+from supervisor.setup import unreachable
+from supervisor.terminal import Terminal, show_warnings
 
 define(
     {
@@ -161,7 +159,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     try:
         ctx = await wf.run(
             rt,
-            on_event=EventLog.open(rt.run_dir, rt.run_id).tee(term.on_event),
+            on_event=rt.state.event_log(rt.run_id).tee(term.on_event),
             on_step=lambda s, r: term.step_done(r),
             command=args.command,
             new=args.new,

@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from flower import FlowerError
-from flower.core import lineage, manifest
-from flower.core.lineage import peek
-from flower.core.manifest import read_manifest
-from flower.core.registry import (
+from flower.i18n import define, t
+from flower.state import lineage, manifest
+from flower.state.dbfile import damage as db_damage
+from flower.state.dbfile import has_transcripts
+from flower.state.eventlog import events_path
+from flower.state.lineage import peek
+from flower.state.manifest import read_manifest
+from flower.state.registry import (
     FAILED,
     FINISHED,
     KILLED,
@@ -28,13 +32,8 @@ from flower.core.registry import (
     Registry,
     state_of,
 )
-from flower.core.reuse import report_lines, summary
-from flower.i18n import define, t
-from flower.stores import SESSIONS_DB
-from flower.stores.dbfile import damage as db_damage
-from flower.stores.dbfile import has_transcripts
-
-from .eventlog import events_path
+from flower.state.reuse import report_lines, summary
+from flower.state.stores import SESSIONS_DB
 
 LAST_ROWS = 10
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.

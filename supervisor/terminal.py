@@ -38,13 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from flower.core.result import Event, StepResult
 from flower.i18n import define, t
+from flower.state.result import Event, StepResult
 from flower.util.sanitize import clean
-
-from .columns import cut, fit, line_width, width
-from .oracle import is_question
-from .placement import DIED
+from supervisor.columns import cut, fit, line_width, width
+from supervisor.oracle import is_question
+from supervisor.placement import DIED
 
 RULE_WIDTH = 38
 MAX_WIDTH = 110  # the reference: max(40, min(terminal columns, 110))

@@ -19,7 +19,9 @@ from flower.testing.pytest_helpers import claude_home, model_server, reaper  # n
 # A real PostgreSQL: the suite's server (scripts/test.sh) and a fresh database per test.
 from flower.testing.pytest_postgres import pg_dsn, pg_server  # noqa: F401
 
-from .e2e import Flower
+# Both session backends, for the store layers' rules checked on each (tests/backends.py).
+from tests.backends import backend  # noqa: F401
+from tests.e2e import Flower
 
 
 @pytest.fixture(autouse=True)

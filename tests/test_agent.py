@@ -12,7 +12,7 @@ from claude_agent_sdk import HookMatcher
 from claude_agent_sdk.types import EffortLevel, PermissionMode
 
 from flower import AgentSpec, ConfigError, build_options
-from flower.core.agent import ALWAYS_LOAD, EFFORTS, PERMISSION_MODES, CompactPolicy
+from flower.agents.agent import ALWAYS_LOAD, EFFORTS, PERMISSION_MODES, CompactPolicy
 
 SPEC = AgentSpec(name="a", instructions="do things")
 

@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from flower import Runtime, Workbench, read_manifest
-from flower.core.resilience import Resilience
+from flower.step.resilience import Resilience
 from flower.testing.model_server import ModelServer, RecordedRequest
-
-from .e2e import Flower, attempt_child, cli_under, wait_until
-from .flows import inside
+from tests.e2e import Flower, attempt_child, cli_under, wait_until
+from tests.flows import inside
 
 pytestmark = pytest.mark.e2e
 
@@ -289,7 +288,7 @@ def test_a_bug_in_flower_in_process_fails_the_step_at_once(model_server, flower_
     def see(self: Any, msg: Any) -> None:
         raise KeyError("usage (a planted bug)")
 
-    monkeypatch.setattr("flower.core.attempt.AttemptState.see", see)
+    monkeypatch.setattr("flower.step.attempt.AttemptState.see", see)
     CountingProbes.probes = 0
     rt = Runtime(workspace=f.ws, run_dir=f.runs, resilience=CountingProbes())
     try:

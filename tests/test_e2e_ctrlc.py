@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from . import e2e
-from .e2e import Flower, attempt_child, wait_until
+from tests import e2e
+from tests.e2e import Flower, attempt_child, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # real CLI turns plus a resumed run
 

@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 
 from flower.testing.model_server import ModelServer
-
-from . import e2e
-from .e2e import Flower
-from .test_e2e_starter import (
+from tests import e2e
+from tests.e2e import Flower
+from tests.test_e2e_starter import (
     ASK,
     ASKS_FIRST,
     BRIEF,

@@ -17,10 +17,9 @@ import pytest
 
 from flower.testing.model_server import ModelServer
 from supervisor.start import HEARTBEAT_S
-
-from . import e2e
-from .e2e import REPO, Flower, wait_until
-from .test_e2e_starter import BRIEF, conv
+from tests import e2e
+from tests.e2e import REPO, Flower, wait_until
+from tests.test_e2e_starter import BRIEF, conv
 
 pytestmark = pytest.mark.e2e
 

@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from flower import Verdict
-from flower.core.human import TIMEOUT
+from flower.people.human import TIMEOUT
 from flower.testing import ModelServer, starter_script
-
-from .e2e import Flower
-from .test_e2e_flower import flower
+from tests.e2e import Flower
+from tests.test_e2e_flower import flower
 
 # Each test runs the whole starter flow (5-8 CLI sessions of a turn or two) once or twice.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -17,9 +17,8 @@ import pytest
 from flower import AgentSpec, HumanChannel, Runtime, StepResult, clarify, judge, oracle
 from flower.testing import pytest_plugin
 from flower.testing.model_server import ModelServer, RecordedRequest
-
-from .e2e import Flower
-from .test_e2e_starter import (
+from tests.e2e import Flower
+from tests.test_e2e_starter import (
     BRIEF,
     GOAL_1,
     GOAL_MARK,

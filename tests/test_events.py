@@ -28,9 +28,9 @@ from claude_agent_sdk import (
     UserMessage,
 )
 
-from flower.core import events
-from flower.core.events import EVENT_KINDS, EventKind, context_of, is_synthetic, normalize
-from flower.core.result import Event
+from flower.state.result import Event
+from flower.step import events
+from flower.step.events import EVENT_KINDS, EventKind, context_of, is_synthetic, normalize
 
 pytestmark = pytest.mark.timeout(60)
 

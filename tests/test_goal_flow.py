@@ -40,8 +40,7 @@ from flower import (
 )
 from flower.docs.verdict import VAGUE_REASON
 from flower.workflow.goal import ACCEPT, AMEND, CLARIFY_RESUME, NO_RUNTIME, WRONG, why_rejected
-
-from .test_workflow import FakeRuntime, labels, run
+from tests.test_workflow import FakeRuntime, labels, run
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flower.core.window import HandoffPolicy, default_window
 from flower.docs.handoff import (
     HANDOFF_PROMPT,
     HEADINGS,
@@ -21,6 +20,7 @@ from flower.docs.handoff import (
     degraded,
     is_overflow,
 )
+from flower.step.window import HandoffPolicy, default_window
 
 FULL = Handoff(
     doing="给解析器加代码块高亮,做了一半",

@@ -18,15 +18,14 @@ from typing import Any
 import pytest
 
 from flower import FlowerError
-from flower.core.events import entry_is_synthetic
-from flower.core.manifest import Manifest
-from flower.core.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
-from flower.core.result import Event, StepResult
 from flower.i18n import keys, texts
+from flower.state.eventlog import EventLog, events_path
+from flower.state.manifest import Manifest
+from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
+from flower.state.result import Event, StepResult
+from flower.step.events import entry_is_synthetic
 from supervisor import logs, show, status
-from supervisor.eventlog import EventLog, events_path
-
-from .transcripts import FIXTURES, fixture
+from tests.transcripts import FIXTURES, fixture
 
 CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
@@ -283,7 +282,7 @@ def test_an_unknown_or_ambiguous_argument_is_a_flower_error(run_dir: Path, en: N
 
 
 def test_show_reads_sessions_db_read_only(run_dir: Path, en: None) -> None:
-    from flower.stores.sqlite import SqliteSessionStore
+    from flower.state.sqlite import SqliteSessionStore
 
     store = SqliteSessionStore(run_dir / "sessions.db")
     entries = fixture("d-bash-and-read.jsonl")

@@ -912,7 +912,7 @@ def test_cli_resume_after_sigkill_while_the_server_holds_a_turn(e2e_server, clau
     assert held.delay == 60
     # The CLI writes a turn's entries only after it has sent the next request (60-90 ms
     # measured, longer under load): kill it once the tool result is in its transcript.
-    from .e2e import wait_until
+    from tests.e2e import wait_until
 
     def result_written() -> bool:
         try:

@@ -364,6 +364,6 @@ def test_the_state_s_rows_need_no_sdk(pg_dsn: str) -> None:
         f"s = PostgresState({pg_dsn!r})\n"
         "s.registry.records(); s.manifest.rows(); s.lineage.read('ws'); s.close()"
     )
-    assert loaded(code, "claude_agent_sdk", "anyio", "flower.stores") == []
+    assert loaded(code, "claude_agent_sdk", "anyio", "flower.state.stores") == []
     with_sessions = code.replace("s.close()", "s.sessions.has_session(None, 'x'); s.close()")
     assert "claude_agent_sdk" in loaded(with_sessions, "claude_agent_sdk")

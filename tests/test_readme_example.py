@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from flower.testing import cli_env
-
-from .e2e import REPO
+from tests.e2e import REPO
 
 MY_FLOW = "# test_my_flow.py"
 STARTER = "# test_starter_flow.py"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from flower import Brief, ConfigError, Goal, Verdict
-from flower.core.roles import CLARIFIER_RULES, JUDGE_RULES
+from flower.agents.roles import CLARIFIER_RULES, JUDGE_RULES
 from flower.testing import Script, starter_script
 from flower.workflow.goal import GOAL_PROMPT, VERIFY_PROMPT
 from flower.workflow.starter import WORK_PROMPT

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from flower import AgentSpec, ConfigError, Runtime, Step, StepAbort, StepResult, Workflow
-from flower.core.call import StepCall
-from flower.core.placement import Seat, Watch
-from flower.core.registry import Registry
+from flower.state.registry import Registry
+from flower.step.call import StepCall
+from flower.step.placement import Seat, Watch
 
 SPEC = AgentSpec(name="t", instructions="x")
 
@@ -286,7 +286,7 @@ def test_a_start_refused_for_another_workspace_leaves_no_record(tmp_path):
     import time
 
     from flower import RunDirBusy
-    from flower.core.registry import FlowerRecord
+    from flower.state.registry import FlowerRecord
 
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -105,7 +105,7 @@ class Sessions(SessionStore, Protocol):
 
 
 # ---------------------------------------------------------------------------------------
-# the tool ledger (flower.stores.ledger keeps the logic; a backend keeps the rows)
+# the tool ledger (flower.state.ledger keeps the logic; a backend keeps the rows)
 # ---------------------------------------------------------------------------------------
 
 
@@ -168,7 +168,7 @@ class ManifestRows(Protocol):
 
 
 class RegistryRows(Protocol):
-    """Who ran here. A record is a :class:`flower.core.registry.FlowerRecord` as a dict,
+    """Who ran here. A record is a :class:`flower.state.registry.FlowerRecord` as a dict,
     with ``host`` and ``heartbeat_at`` set by the backend on every write.
 
     The record names its workspace by a ``workspace_id`` key (``records(workspace_id)``

@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 from flower._errors import ConfigError
-from flower.core.human import TOOL_NAME
-from flower.core.roles import CLARIFIER_RULES
+from flower.agents.roles import CLARIFIER_RULES
 from flower.docs.brief import SECTIONS, Brief
 from flower.docs.goal import Goal
 from flower.docs.verdict import ACHIEVED, NOT_YET, STATES, UNREACHABLE, Verdict
+from flower.people.human import TOOL_NAME
 from flower.workflow.goal import GOAL_PROMPT, VERIFY_PROMPT
 from flower.workflow.starter import CODER, WORK_PROMPT
 

@@ -19,12 +19,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
-from ..core.agent import AgentSpec
-from ..core.call import StepCall
-from ..core.registry import Registry
-from ..core.result import Event, StepResult, jsonable
-from ..core.reuse import why as reason
+from ..agents.agent import AgentSpec
 from ..i18n import define, t
+from ..state.result import Event, StepResult, jsonable
+from ..state.reuse import why as reason
+from ..step.call import StepCall
 from . import memo
 from .memo import Cache
 from .resume import (
@@ -33,11 +32,10 @@ from .resume import (
     input_parts,
     prior_run,
     refuse_live_conflict,
-    registry_lock,
 )
 
 if TYPE_CHECKING:
-    from ..core.runtime import Runtime
+    from ..step.runtime import Runtime
 
 Ctx = dict[str, Any]
 
@@ -312,12 +310,17 @@ class _Run:
         """Register this flower, wake lineage; the wake count and the sessions to continue."""
         rt, wf, lineage = self.rt, self.wf, self.lineage
         assert lineage is not None
+        registry = rt.state.registry
         self.prior = (
-            None if self.new else prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
+            None
+            if self.new
+            else prior_run(
+                registry, wf.name, rt.workspace, rt.state.workspace_id, exclude=rt.run_id
+            )
         )
-        with registry_lock(rt.run_dir):  # check-then-register is one step for concurrent starts
-            refuse_live_conflict(rt.run_dir, names, exclude=rt.run_id)
-            Registry(rt.run_dir).set_aside_damaged()
+        with registry.locked():  # check-then-register is one step for concurrent starts
+            refuse_live_conflict(registry, names, exclude=rt.run_id)
+            registry.set_aside_damaged()
             rt.begin_flow(wf.name, names, command=command)
         try:
             woke = lineage.bump(names if wf.continuous else ())
@@ -375,7 +378,7 @@ class _Run:
         if scope != "off" and self._reuse(step, digest, index):
             return True
         cross = (
-            memo.CrossRun.open(self.rt.run_dir, self.rt.workspace, self.wf.name, step, digest)
+            memo.CrossRun.open(self.rt.state.cache, self.rt.workspace, self.wf.name, step, digest)
             if scope == "cross-run" and self.books
             else None
         )
@@ -444,7 +447,7 @@ class _Run:
                 results[i] = result
                 return
             cross = (
-                memo.CrossRun.open(rt.run_dir, rt.workspace, self.wf.name, shape, digest)
+                memo.CrossRun.open(rt.state.cache, rt.workspace, self.wf.name, shape, digest)
                 if scope == "cross-run" and self.books
                 else None
             )

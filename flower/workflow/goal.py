@@ -21,16 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.agent import AgentSpec
-from ..core.human import amendments
-from ..core.result import Event, StepResult
-from ..core.roles import clarify, judge
+from ..agents.agent import AgentSpec
+from ..agents.roles import clarify, judge
 from ..docs import brief as brief_doc
 from ..docs import goal as goal_doc
 from ..docs.brief import Brief, named, write_document
 from ..docs.goal import Goal
 from ..docs.verdict import VAGUE_REASON, Verdict, state_name
 from ..i18n import define, t
+from ..people.human import amendments
+from ..state.result import Event, StepResult
 from .base import Ctx, Step, StepAbort
 
 BRIEF_KEY = "_brief"

@@ -19,14 +19,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..core.human import HumanChannel
-from ..core.lineage import Lineage
-from ..core.roles import coordinator, worker
-from ..core.workbench import Workbench
+from ..agents.roles import coordinator, worker
+from ..agents.workbench import Workbench
 from ..docs.brief import Brief
 from ..docs.goal import Goal
 from ..i18n import define, t
-from ..stores.dbfile import has_transcript
+from ..people.human import HumanChannel
+from ..state.dbfile import has_transcript
+from ..state.lineage import Lineage
 from .base import Ctx, Step, Workflow
 from .goal import CLARIFY_RESUME, GOAL_KEY, clarify_step, goal_step, with_goal
 

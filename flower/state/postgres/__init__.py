@@ -10,7 +10,7 @@
 - :mod:`.state` — :class:`PostgresState`, all of it behind the seam's ``RunState``.
 
 May import: ``flower.state.seam``, ``flower._errors``, ``flower.i18n``, ``flower.util``,
-the key and JSON helpers of ``flower.stores.sqlite``, ``claude_agent_sdk`` and ``psycopg``.
+the key and JSON helpers of ``flower.state.sqlite``, ``claude_agent_sdk`` and ``psycopg``.
 Nothing of the step machinery. Importing this package loads only :mod:`.url`; the driver is
 loaded with the first name below that needs it.
 """

@@ -1,6 +1,6 @@
 """``PostgresSessionStore``: the SDK's ``SessionStore`` in one PostgreSQL database.
 
-The same semantics as :class:`flower.stores.sqlite.SqliteSessionStore`, table for table:
+The same semantics as :class:`flower.state.sqlite.SqliteSessionStore`, table for table:
 ``entries`` (one row per transcript entry, its JSON text exactly as appended, ``key`` the
 string ``project_key/session_id[/subpath]``, ``seq`` the order, a unique index on
 ``(key, uuid)`` so a batch the SDK retries or a resumed CLI re-sends lands once: ``ON
@@ -29,7 +29,7 @@ from claude_agent_sdk.types import (
     SessionSummaryEntry,
 )
 
-from ...stores.sqlite import _entry_uuid, _split_key, _to_json
+from ..sqlite import _entry_uuid, _split_key, _to_json
 from .db import Conn, Database
 from .fenced import superseded
 from .url import parse_state_url

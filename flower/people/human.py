@@ -69,11 +69,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..agents.agent import ALWAYS_LOAD
 from ..i18n import define, t
+from ..state.result import Event
 from ..util.fsutil import open_private, private_dir
 from ..util.loops import call_on
-from .agent import ALWAYS_LOAD
-from .result import Event
 
 log = logging.getLogger("flower")
 

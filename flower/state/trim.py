@@ -1,11 +1,14 @@
 """``TrimmingSessionStore``: what a resumed session is sent, trimmed by size and by value.
 
-The middle of the three store layers (sqlite → trimming → pruning, seed 003 会话存储).
-Everything happens in :meth:`TrimmingSessionStore.load`, which the SDK calls before it
-spawns the CLI to resume a session: the SDK writes the entries ``load()`` returns into the
-JSONL file the CLI resumes from, so they are exactly what the model is sent. SQLite keeps
-every original byte (``load_sync`` still returns them); ``load()`` returns new dicts and
-never mutates what the lower layer returned.
+The middle of the three store layers (sqlite → trimming → pruning, seed 003 会话存储). A
+layer, not a backend: it wraps any session store of the seam
+(:class:`~flower.state.seam.Sessions`: SQLite's, PostgreSQL's) and is one itself, every
+method handed to the store it wraps but ``load``. Everything happens in
+:meth:`TrimmingSessionStore.load`, which the SDK calls before it spawns the CLI to resume a
+session: the SDK writes the entries ``load()`` returns into the JSONL file the CLI resumes
+from, so they are exactly what the model is sent. The store below keeps every original byte
+(``load_sync`` still returns them); ``load()`` returns new dicts and never mutates what the
+lower layer returned.
 
 Two rules, in this order:
 
@@ -44,16 +47,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from claude_agent_sdk.types import SessionKey, SessionStoreEntry
+from claude_agent_sdk.types import (
+    SessionKey,
+    SessionListSubkeysKey,
+    SessionStoreEntry,
+    SessionStoreListEntry,
+    SessionSummaryEntry,
+)
 
 from ..i18n import define, t
 from ..util.ephemeral import is_ephemeral
 from ..util.fsutil import atomic_write_text, private_dir
+from .seam import Sessions
 from .sqlite import SqliteSessionStore
 
 __all__ = [
@@ -227,9 +238,19 @@ def tool_use_index(entries: list[Entry]) -> dict[str, dict[str, Any]]:
 # ======================================================================================
 
 
-class TrimmingSessionStore(SqliteSessionStore):
-    """``SqliteSessionStore`` whose ``load()`` expires one-off results and trims big ones.
+def _inner_store(store: str | os.PathLike[str] | Sessions) -> Sessions:
+    """``store`` itself, or a :class:`SqliteSessionStore` on the database file it names."""
+    if isinstance(store, (str, os.PathLike)):
+        return SqliteSessionStore(os.fspath(store))
+    return store
 
+
+class TrimmingSessionStore(Sessions):
+    """A session store whose ``load()`` expires one-off results and trims big ones.
+
+    ``path`` is the store it wraps (any :class:`~flower.state.seam.Sessions`, kept as
+    :attr:`inner`), or a database file: then it wraps a :class:`SqliteSessionStore` on it,
+    as before the layers took any store. Every method but ``load`` is the inner store's.
     ``workspace`` is where spill files go (``<workspace>/<policy.spill_dirname>``).
     ``policy`` defaults to ``TrimPolicy()``, ``ephemeral`` to ``EphemeralPolicy()``; a
     policy with ``enabled=False`` skips its rule entirely. ``last_report`` counts what the
@@ -243,21 +264,24 @@ class TrimmingSessionStore(SqliteSessionStore):
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | os.PathLike[str] | Sessions,
         workspace: str | Path,
         policy: TrimPolicy | None = None,
         ephemeral: EphemeralPolicy | None = None,
     ) -> None:
-        super().__init__(path)
+        self.inner: Sessions = _inner_store(path)
         self.workspace = Path(workspace).absolute()  # spill pointers must work from any cwd
         self.policy = policy if policy is not None else TrimPolicy()
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralPolicy()
         self.last_report: dict[str, int] = {}
         self.last_trim: dict[str, int] = {}
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r}, workspace={str(self.workspace)!r})"
+
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         """The stored entries of ``key`` as the model should see them on resume."""
-        entries = await super().load(key)
+        entries = await self.inner.load(key)
         self.last_report, self.last_trim = {}, {}
         if entries is None:
             return None
@@ -265,6 +289,47 @@ class TrimmingSessionStore(SqliteSessionStore):
         # SessionStoreEntry is a TypedDict: at run time the very dicts reshape() works on.
         shaped = await asyncio.to_thread(self.reshape, cast("list[Entry]", entries))
         return cast("list[SessionStoreEntry]", shaped)
+
+    # ---- the rest is the inner store's --------------------------------------------------
+
+    async def append(self, key: SessionKey, entries: list[SessionStoreEntry]) -> None:
+        await self.inner.append(key, entries)
+
+    async def list_sessions(self, project_key: str) -> list[SessionStoreListEntry]:
+        return await self.inner.list_sessions(project_key)
+
+    async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
+        return await self.inner.list_session_summaries(project_key)
+
+    async def delete(self, key: SessionKey) -> None:
+        await self.inner.delete(key)
+
+    async def list_subkeys(self, key: SessionListSubkeysKey) -> list[str]:
+        return await self.inner.list_subkeys(key)
+
+    def has_session(self, project_key: str | None, session_id: str) -> bool:
+        return self.inner.has_session(project_key, session_id)
+
+    def load_sync(self, key: SessionKey) -> list[SessionStoreEntry] | None:
+        """The entries as stored (what the CLI wrote; ``load`` reshapes them)."""
+        return self.inner.load_sync(key)
+
+    def last_context(self, project_key: str, session_id: str, *, scan: int = 60) -> int:
+        return self.inner.last_context(project_key, session_id, scan=scan)
+
+    def projects(self) -> list[str]:
+        return self.inner.projects()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def begin_attempt(self) -> int:
+        return self.inner.begin_attempt()
+
+    def claim(self, session_id: str) -> None:
+        self.inner.claim(session_id)
+
+    # ---- the rules ------------------------------------------------------------------------
 
     def reshape(self, entries: list[Entry]) -> list[Entry]:
         """Apply this layer's rules to raw entries (what ``load()`` does after reading).
@@ -370,7 +435,7 @@ def trim_report(store: TrimmingSessionStore) -> str:
 
     Nothing → ``未裁剪``; only expiry → ``N 个时效性结果标记为过期``; otherwise
     ``裁掉 N 个工具结果(保留最近 M 个),省下 ~X tokens`` (X = characters saved // 4).
-    A :class:`~flower.stores.prune.PruningSessionStore` is a trimming store too.
+    A :class:`~flower.state.prune.PruningSessionStore` is a trimming store too.
     """
     report, detail = store.last_report, store.last_trim
     expired = report.get("expired", 0)

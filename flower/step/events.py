@@ -1,4 +1,4 @@
-"""The SDK's message stream flattened into :class:`~flower.core.result.Event` values.
+"""The SDK's message stream flattened into :class:`~flower.state.result.Event` values.
 
 An interaction layer (terminal, web page, HTTP service, nothing at all) consumes ``Event``
 and never an SDK type: :func:`normalize` is the only place that knows the SDK's message and
@@ -23,7 +23,7 @@ words in a conversation (fillers, cut-off markers, system reminders, tags) is he
 reader of whole transcripts (``flower-super show``).
 
 ``retry``, ``step``, ``handoff`` and ``ask`` share the same :data:`EventKind` but are emitted
-elsewhere (the Runtime, ``Workflow.run``, :class:`~flower.core.human.HumanChannel`), so a UI
+elsewhere (the Runtime, ``Workflow.run``, :class:`~flower.people.human.HumanChannel`), so a UI
 knows one type for everything. UIs should keep an ``else`` branch: kinds may be added.
 """
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, get_args
 
-from .result import Event
+from ..state.result import Event
 
 __all__ = [
     "CUT_MARKERS",
@@ -102,7 +102,7 @@ def is_synthetic(message: Any) -> bool:
     """Is ``message`` the CLI's synthetic assistant turn for an API failure?
 
     The SDK keeps the CLI's ``error`` field on such a turn (what
-    :class:`~flower.core.attempt.AttemptState` goes by); its model is ``<synthetic>``; a
+    :class:`~flower.step.attempt.AttemptState` goes by); its model is ``<synthetic>``; a
     transcript entry says ``isApiErrorMessage``. Any of the three is enough.
     """
     if getattr(message, "error", None):

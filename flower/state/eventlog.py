@@ -29,12 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flower.i18n import define, t
-from flower.util.fsutil import open_private, private_dir
-from flower.util.lazylog import lazy_logger
+from ..i18n import define, t
+from ..util.fsutil import open_private, private_dir
+from ..util.lazylog import lazy_logger
 
 if TYPE_CHECKING:  # `logs` and `status` only ask where the file is
-    from flower.core.result import Event
+    from .result import Event
 
 log = lazy_logger("flower")  # logging loads when something is logged
 
@@ -128,7 +128,7 @@ class EventLog:
 
 def line(ev: Event, now: float | None = None) -> bytes:
     """``ev`` as the bytes of one line of ``events.jsonl``."""
-    from flower.core.result import jsonable
+    from .result import jsonable
 
     record = {
         "t": round(time.time() if now is None else now, 3),
@@ -164,3 +164,38 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _warn(path: Path, exc: OSError) -> None:
     log.warning("%s", t("logs.write_failed", path=path, why=exc.strerror or exc))
+
+
+class SharedEventLog:
+    """:class:`EventLog`'s interface over a database's rows (:class:`~.seam.EventRows`): the
+    same objects, one row each. A database that cannot take one is one warning and the log
+    stops, as a full disk stops the file."""
+
+    def __init__(self, rows: Any, run_id: str, where: str) -> None:
+        self.rows, self.run_id, self.path = rows, run_id, where
+        self._on = True
+
+    @property
+    def writing(self) -> bool:
+        return self._on
+
+    def write(self, ev: Event) -> None:
+        if not self._on:
+            return
+        try:
+            self.rows.append(self.run_id, json.loads(line(ev)))
+        except (TypeError, ValueError) as exc:
+            log.debug("event not logged: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the log is a by-product: warn, stop
+            self._on = False
+            log.warning("%s", t("logs.write_failed", path=self.path, why=exc))
+
+    def tee(self, fn: Callable[[Event], Any]) -> Callable[[Event], None]:
+        def on_event(ev: Event) -> None:
+            self.write(ev)
+            fn(ev)
+
+        return on_event
+
+    def close(self) -> None:
+        self._on = False

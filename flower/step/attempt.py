@@ -27,12 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import AttemptCrash, FlowerError
-from .agent import AgentSpec, CompactPolicy, build_options, merge_hooks
+from ..agents.agent import AgentSpec, CompactPolicy, build_options, merge_hooks
+from ..state.result import HANDOFF_DUE, Event, StepResult
 from .call import StepCall
 from .events import context_of, normalize
 from .placement import Seat, Watch
 from .proctree import ATTEMPT_TAG, PROCS, ProcessTree
-from .result import HANDOFF_DUE, Event, StepResult
 
 Closer = Callable[[], Awaitable[None]]
 log = logging.getLogger("flower")
@@ -72,7 +72,10 @@ def is_crash(exc: BaseException) -> bool:
     if isinstance(exc, CLINotFoundError):
         return True
     if isinstance(exc, FlowerError):
-        return not isinstance(exc, TimeoutError)
+        from ..state.errors import StateUnavailable
+
+        # A store that stayed busy or a database that is down is waited out like the network.
+        return not isinstance(exc, TimeoutError | StateUnavailable)
     if isinstance(exc, UnicodeError):
         return False
     return isinstance(exc, _CODE_ERRORS)
@@ -165,11 +168,11 @@ def attempt_hooks(spec: AgentSpec, seat: Seat) -> dict[str, list[Any]]:
     the spec is not ``delegate_only``. Unlike the original, a ``delegate_only`` spec keeps its
     wall and a spec with subagents keeps its Agent guard without a workbench too (the
     original left a coordinator on ``Runtime(workbench=False)`` with no hook at all). Last,
-    the tool ledger's hooks, for every spec (:mod:`flower.stores.ledger`). They are folded
-    into one matcher per event (:func:`~flower.core.guard.one_per_event`: one control round
+    the tool ledger's hooks, for every spec (:mod:`flower.state.ledger`). They are folded
+    into one matcher per event (:func:`~flower.agents.guard.one_per_event`: one control round
     trip per tool call and event instead of one per guard).
     """
-    from .guard import (
+    from ..agents.guard import (
         delegate_guard,
         isolate_guard,
         one_per_event,
@@ -462,6 +465,7 @@ class SdkAttempt:
         from claude_agent_sdk import ClaudeSDKClient
 
         try:
+            self._fence()
             self._prelude = prelude_for(self.call.spec, self._seat)
             options = options_for(self.call, self._seat)
             client = ClaudeSDKClient(replace(options, env={**options.env, ATTEMPT_TAG: self.tag}))
@@ -473,6 +477,19 @@ class SdkAttempt:
         if self.call.headroom is not None and self._window is None:  # a guessed window
             self._window = await self._ask_window()
         self.watch.on_handle(self)
+
+    def _fence(self) -> None:
+        """Take this attempt's epoch and, before the CLI loads it, make the session it
+        continues ours: a write of an older attempt of it (a frozen worker woken up) is
+        refused from now on, and a newer one already holding it refuses us
+        (:class:`flower.state.errors.Superseded`, the attempt's error)."""
+        store = self._seat.store
+        begin = getattr(store, "begin_attempt", None)
+        if begin is None:
+            return
+        begin()
+        if self.call.resume and not self.call.fork:
+            store.claim(self.call.resume)
 
     def lost(self) -> bool:
         """Is the CLI :meth:`connect` started gone: it failed to start, or died since (a CLI

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .agent import AgentSpec
+    from ..agents.agent import AgentSpec
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class StepCall:
     stops itself at the next message boundary because a handoff is due; None never stops.
     ``headroom``: when not None, ``stop_at`` was derived from a *guessed* window, and the
     attempt lowers it to what the CLI's real window allows (window − headroom; see
-    :meth:`flower.core.attempt.AttemptState.learn`).
+    :meth:`flower.step.attempt.AttemptState.learn`).
     """
 
     spec: AgentSpec

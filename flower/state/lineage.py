@@ -24,7 +24,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from .._errors import RunDirBusy
 from ..i18n import define, t
 from ..util.fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
 from ..util.lazylog import lazy_logger
+from .errors import StateUnavailable
 from .manifest import deferred_signals
 from .registry import Registry
 
@@ -57,6 +58,10 @@ define(
         "lineage.gone.kept": (
             "留了一份副本 {path}",
             "kept a copy as {path}",
+        ),
+        "lineage.gone.in_db": (
+            "数据库里留着旧的那份",
+            "the database keeps the old one",
         ),
         "lineage.gone.not_kept": (
             "副本没留成({error})",
@@ -225,6 +230,18 @@ class Lineage:
             f"{self.path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
         )
 
+    @property
+    def where(self) -> str:
+        """Where this lineage is kept, for people."""
+        return str(self.path)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One read-modify-write at a time, across processes."""
+        private_dir(self.run_dir)
+        with self._lock, deferred_signals():
+            yield
+
     @classmethod
     def open(
         cls,
@@ -297,11 +314,10 @@ class Lineage:
         does not stop the start.
         """
         try:
-            private_dir(self.run_dir)
-            with self._lock, deferred_signals():
+            with self._locked():
                 return self._wake_locked(set(mine))
-        except OSError as exc:
-            log.warning("%s", t("lineage.not_updated", path=self.path, error=exc.strerror or exc))
+        except (OSError, StateUnavailable) as exc:
+            log.warning("%s", t("lineage.not_updated", path=self.where, error=_why(exc)))
             self._write_failed = True
             self.load()
             self.woke += 1
@@ -326,7 +342,7 @@ class Lineage:
             file_steps = {n: sid for n, sid in file_steps.items() if n not in gone}
         try:
             self._write(self.woke, file_steps)
-        except OSError as exc:
+        except (OSError, StateUnavailable) as exc:
             self._warn_write(exc)
         return self.woke
 
@@ -398,16 +414,15 @@ class Lineage:
             return  # this very entry is on disk already (a step reports its session twice)
         self.steps[key] = session_id
         try:
-            private_dir(self.run_dir)
-            with self._lock, deferred_signals():
+            with self._locked():
                 self._merge_locked(key, session_id)
-        except OSError as exc:
+        except (OSError, StateUnavailable) as exc:
             self._warn_write(exc)
 
-    def _warn_write(self, exc: OSError) -> None:
+    def _warn_write(self, exc: BaseException) -> None:
         if not self._write_failed:  # once per run: every later write would say the same
             self._write_failed = True
-            log.warning("%s", t("lineage.unwritten", path=self.path, error=exc.strerror or exc))
+            log.warning("%s", t("lineage.unwritten", path=self.where, error=_why(exc)))
 
     def _merge_locked(self, key: str, session_id: str) -> None:
         state = self._read_for_update()
@@ -473,3 +488,84 @@ def _move_existing(sources: list[Path], into: Path) -> list[Path]:
             target = into / f"{src.stem}-{n}{src.suffix}"
         moved.append(Path(shutil.move(os.fspath(src), os.fspath(target))))
     return moved
+
+
+def _why(exc: BaseException) -> str:
+    return str(getattr(exc, "strerror", None) or exc)
+
+
+class SharedLineage(Lineage):
+    """:class:`Lineage` kept in a database's rows (:class:`~.seam.LineageRows`), under the
+    workspace's identity: the same waking, remembering and checking, with the database's
+    per-workspace lock instead of a file lock. A workspace's row is only ever its own, so
+    there is no other workspace's file to set aside and nothing torn to recover."""
+
+    def __init__(
+        self,
+        rows: Any,
+        workspace_id: str,
+        workspace: Path,
+        where: str,
+        *,
+        has_session: Callable[[str], bool] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.rows, self.workspace_id, self._where = rows, workspace_id, where
+        self._box: list[Any] = [None]
+        super().__init__(Path(workspace), Path(workspace), has_session=has_session, run_id=run_id)
+
+    def __post_init__(self) -> None:
+        self.workspace = Path(os.path.abspath(os.fspath(self.workspace)))
+        self.run_dir = self.path
+        self._write_failed = False
+        self._written = {}
+
+    @property
+    def where(self) -> str:
+        return self._where
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self.rows.update(self.workspace_id) as box:
+            self._box = box
+            try:
+                yield
+            finally:
+                self._box = [None]
+
+    def _read_diagnosed(self) -> tuple[_State | None, str]:
+        return _state_of(self.rows.read(self.workspace_id)), ""
+
+    def _read_for_update(self) -> _State | None:
+        return _state_of(self._box[0])
+
+    def _ours(self, workspace: str) -> bool:
+        return True  # the row is keyed by this workspace's identity
+
+    def _write(self, woke: int, steps: dict[str, str]) -> None:
+        from .records import LineageDoc
+
+        self._box[0] = LineageDoc(workspace=str(self.workspace), woke=woke, steps=dict(steps))
+
+    def _drop_stale_tmp(self) -> None:
+        return None
+
+    def _keep_copy_of_gone(self, gone: dict[str, str]) -> None:
+        names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
+        log.warning(
+            "%s",
+            t("lineage.gone", path=self.where, steps=names, kept=t("lineage.gone.in_db")),
+        )
+
+    def archive(self, into: str | Path, *, extra: list[Path] | None = None) -> Path:
+        target = _unused(Path(into) / time.strftime("%Y%m%d-%H%M%S"))
+        self.rows.archive(self.workspace_id, target.name)
+        _move_existing([Path(p) for p in extra or ()], target)
+        self.steps, self.woke = {}, 0
+        return target
+
+
+def _state_of(doc: Any) -> _State | None:
+    if doc is None:
+        return None
+    return _State(str(doc.workspace), int(doc.woke), dict(doc.steps))

@@ -6,7 +6,8 @@ finished, once the next request has been sent; a kill -9 in that window lost the
 and on resume the model was told the call was interrupted (or, when the ``tool_use`` entry
 itself was not in yet, asked for the call again: the command ran twice).
 
-What: one row per tool call in the ``tool_calls`` table of sessions.db (the transcript
+What: one row per tool call, kept by the backend's ``LedgerRows`` (:mod:`flower.state.seam`:
+the ``tool_calls`` table of sessions.db, or of the PostgreSQL database; the transcript
 tables keep every original byte). Three hooks, installed for every attempt of every Runtime
 in every placement (they run where the attempt runs, synchronously for the CLI):
 
@@ -47,16 +48,17 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..i18n import define, t
+from .records import LedgerRow
 from .trim import tool_results, tool_uses
 
 if TYPE_CHECKING:
-    from .sqlite import SqliteSessionStore
+    from .seam import LedgerRows, Sessions
 
 log = logging.getLogger("flower")
 
@@ -189,10 +191,13 @@ def _dumps_response(value: Any) -> str:
 
 
 class ToolLedger:
-    """The ledger of one session store. A forked step child inherits its parent's object
-    and uses it with its own connection (the store's); what it keeps in memory is its own."""
+    """The ledger of one session store: its rows in ``rows`` (the backend's), and ``store``
+    asked whether a new session has reached it yet. A forked step child inherits its
+    parent's object and uses it with its own connection (the backend's); what it keeps in
+    memory is its own."""
 
-    def __init__(self, store: SqliteSessionStore) -> None:
+    def __init__(self, rows: LedgerRows, store: Sessions) -> None:
+        self.rows = rows
         self.store = store
         self._warned = False
         self._turn: tuple[str | None, list[dict[str, Any]]] = (None, [])  # message id, parts
@@ -241,18 +246,13 @@ class ToolLedger:
         sid = call[1]
         if sid and sid not in self._kept:
             await self._wait_for(sid)
-        row = (
+        row = LedgerRow(
             *call,
-            _dumps(asked) if asked else None,
-            STARTED,
-            time.time(),
+            state=STARTED,
+            started_at=time.time(),
+            message=_dumps(asked) if asked else None,
         )
-        sql = (
-            "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, message,"
-            " state, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT(tool_use_id) DO NOTHING"
-        )
-        await self._write(lambda conn: conn.execute(sql, row))
+        await self._write(lambda: self.rows.started(row))
 
     def _remember(self, tid: str, text: str, is_error: bool) -> str:
         self._recorded[tid] = (text, is_error)
@@ -290,24 +290,17 @@ class ToolLedger:
         else:
             state, response = DONE, data.get("tool_response")
             content = render(response)
-        row = (
+        now = time.time()
+        row = LedgerRow(
             *_who(tid, data),
-            state,
-            _dumps_response(response),
-            self._remember(tid, _dumps(capped(content)), failed),
-            int(failed),
-            time.time(),
-            time.time(),
+            state=state,
+            started_at=now,  # kept only if PreToolUse recorded nothing
+            response=_dumps_response(response),
+            content=self._remember(tid, _dumps(capped(content)), failed),
+            is_error=failed,
+            ended_at=now,
         )
-        sql = (
-            "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, state,"
-            " response, content, is_error, started_at, ended_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(tool_use_id) DO UPDATE SET"
-            " state = excluded.state, response = excluded.response,"
-            " content = excluded.content, is_error = excluded.is_error,"
-            " ended_at = excluded.ended_at"
-        )
-        await self._write(lambda conn: conn.execute(sql, row))
+        await self._write(lambda: self.rows.finished(row))
 
     def seen(self, tool_use_id: str, content: Any, is_error: bool | None) -> None:
         """The exact ``tool_result`` the model was sent for a finished call.
@@ -318,19 +311,14 @@ class ToolLedger:
         text = _dumps(capped(content))
         if self._recorded.pop(tool_use_id, None) == (text, bool(is_error)):
             return  # what the hook rendered is what the model got: nothing to write
-        sql = (
-            "UPDATE tool_calls SET content = ?, is_error = ? WHERE tool_use_id = ?"
-            " AND state IN ('done', 'failed')"
-        )
-        args = (text, int(bool(is_error)), tool_use_id)
         try:
-            self.store._attempt(lambda conn: conn.execute(sql, args), True)
+            self.rows.exact(tool_use_id, text, bool(is_error))
         except Exception as exc:  # noqa: BLE001 - busy or failing: the rendered one stays
             log.debug("exact result of %s not recorded: %s", tool_use_id, exc)
 
-    async def _write(self, work: Callable[[Any], Any]) -> None:
+    async def _write(self, write: Callable[[], Awaitable[None]]) -> None:
         try:
-            await self.store._run(work, write=True)
+            await write()
         except Exception as exc:  # noqa: BLE001 - continuity never blocks work
             self._warn(t("ledger.unwritable", error=exc))
 
@@ -345,49 +333,11 @@ class ToolLedger:
         wanted = sorted(set(ids))
         if not wanted:
             return {}
-        marks = ",".join("?" * len(wanted))
-        rows = self._select(f"tool_use_id IN ({marks})", wanted)
-        return {c.tool_use_id: c for c in rows}
+        return {row.tool_use_id: _call(row) for row in self.rows.by_ids(wanted)}
 
     def in_session(self, session_id: str, since: float) -> list[Call]:
         """The main thread's calls of ``session_id`` that started at ``since`` or later."""
-        where = "session_id = ? AND agent_id IS NULL AND started_at >= ? ORDER BY started_at"
-        return self._select(where, [session_id, since])
-
-    def _select(self, where: str, args: list[Any]) -> list[Call]:
-        sql = (
-            "SELECT tool_use_id, session_id, name, state, content, is_error, response,"
-            f" ended_at, started_at, agent_id, message FROM tool_calls WHERE {where}"
-        )
-        rows = self.store._run_sync(lambda conn: conn.execute(sql, args).fetchall())
-        return [
-            Call(
-                tid,
-                sid,
-                name,
-                state,
-                _loads(content),
-                bool(is_error),
-                _loads(response),
-                ended,
-                started,
-                agent,
-                _loads(message),
-            )
-            for (
-                tid,
-                sid,
-                name,
-                state,
-                content,
-                is_error,
-                response,
-                ended,
-                started,
-                agent,
-                message,
-            ) in rows
-        ]
+        return [_call(row) for row in self.rows.in_session(session_id, since)]
 
     # -- the hooks ----------------------------------------------------------------------
 
@@ -418,6 +368,23 @@ def _who(tid: str, data: dict[str, Any]) -> tuple[str, str, Any, str, str]:
         data.get("agent_id"),
         str(data.get("tool_name") or ""),
         _dumps(data.get("tool_input")),
+    )
+
+
+def _call(row: LedgerRow) -> Call:
+    """A stored row, its JSON columns parsed."""
+    return Call(
+        row.tool_use_id,
+        row.session_id,
+        row.name,
+        row.state,
+        _loads(row.content),
+        bool(row.is_error),
+        _loads(row.response),
+        row.ended_at,
+        row.started_at,
+        row.agent_id,
+        _loads(row.message),
     )
 
 

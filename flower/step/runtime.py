@@ -21,21 +21,22 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from ..agents.agent import AgentSpec
 from ..i18n import define, t
+from ..people.credentials import check_credentials, load_dotenv
+from ..state.backends import open_state
+from ..state.lineage import Lineage
+from ..state.manifest import MANIFEST_NAME
+from ..state.registry import FlowerRecord, new_run_id, process_started, this_host
+from ..state.result import HANDOFF_DUE, INTERRUPTED, KILLED_BY_SIGNAL, StepResult
 from ..util.loops import call_on
-from .agent import AgentSpec
 from .attempt import Window
 from .call import StepCall
-from .credentials import check_credentials, load_dotenv
 from .inprocess import InProcess
 from .interrupts import Interrupts
-from .lineage import LINEAGE_NAME, Lineage
 from .loop import INTERRUPT_NOTE, OnEvent, StepHooks, StepLoop, handoff_fields
-from .manifest import MANIFEST_NAME, Manifest
 from .placement import Placement, Seat
-from .registry import FlowerRecord, Registry, new_run_id, process_started
 from .resilience import Resilience
-from .result import HANDOFF_DUE, INTERRUPTED, KILLED_BY_SIGNAL, StepResult
 from .window import HandoffPolicy
 
 log = logging.getLogger("flower")
@@ -81,6 +82,7 @@ class Runtime:
         resilience: Resilience | bool = True,
         handoff: HandoffPolicy | bool = True,
         placement: Placement | None = None,
+        state: Any = None,
     ) -> None:
         self.workspace = Path(workspace).expanduser().resolve()
         self.run_dir = Path(run_dir).expanduser().absolute()
@@ -107,14 +109,17 @@ class Runtime:
         # Credentials first: a start refused for want of a key leaves no run_dir behind.
         load_dotenv(self.workspace, Path.cwd())
         check_credentials()
+        # Where the run's state lives (flower.state.backends): ``state`` (a URL or an opened
+        # state), else $FLOWER_STATE (the .env files above may set it), else run_dir's files.
+        self.state = open_state(state, run_dir=self.run_dir, workspace=self.workspace)
         self.workbench = _workbench(workbench, self.workspace, self.run_dir)
         self.store = self._make_store()
-        self._manifest: Manifest | None = None
+        self._manifest: Any = None
 
     # -- stores and files -------------------------------------------------------------
 
     def _make_store(self) -> Any:
-        from ..stores import open_store
+        from ..state.stores import open_store
 
         return open_store(self)
 
@@ -152,8 +157,11 @@ class Runtime:
         return bool(self.store.has_session(project_key_for_directory(self.workspace), session_id))
 
     @property
-    def manifest_path(self) -> Path:
-        return self.run_dir / MANIFEST_NAME
+    def manifest_path(self) -> Path | str:
+        """Where manifest rows go: ``<run_dir>/manifest.json``, or the database's table."""
+        if self.state.kind == "local":
+            return self.run_dir / MANIFEST_NAME
+        return f"{self.state.where} (manifest)"
 
     @property
     def project_key(self) -> str:
@@ -189,17 +197,14 @@ class Runtime:
         return 0
 
     def lineage(self) -> Lineage:
-        return Lineage(
-            self.run_dir / LINEAGE_NAME,
-            self.workspace,
-            has_session=self.has_session,
-            run_id=self.run_id,
-        )
+        lineage: Lineage = self.state.lineage(has_session=self.has_session, run_id=self.run_id)
+        return lineage
 
     @property
-    def manifest(self) -> Manifest:
+    def manifest(self) -> Any:
+        """This run's manifest writer (``record(result, extra)``, ``check()``, ``rows()``)."""
         if self._manifest is None or self._manifest.run_id != self.run_id:
-            self._manifest = Manifest(self.run_dir, self.run_id)
+            self._manifest = self.state.manifest(self.run_id)
         return self._manifest
 
     def close(self) -> None:
@@ -207,6 +212,7 @@ class Runtime:
         close = getattr(self.store, "close", None)
         if close:
             close()
+        self.state.close()
 
     # -- the flower's registry record -------------------------------------------------
 
@@ -221,6 +227,8 @@ class Runtime:
             command=list(command or []),
             cwd=str(Path.cwd()),
             steps=list(steps),
+            host=this_host(),
+            workspace_id=self.state.workspace_id,
         )
         self.note()
 
@@ -228,7 +236,7 @@ class Runtime:
         """Forget this flower's record (a start that was refused leaves no trace)."""
         if self.record is not None and discard:
             with contextlib.suppress(OSError):
-                Registry(self.run_dir).path_for(self.record.run).unlink()
+                self.state.registry.remove(self.record.run)
             self.record = None
 
     def note(self, **fields: Any) -> None:
@@ -243,8 +251,8 @@ class Runtime:
         for k, v in fields.items():
             setattr(self.record, k, v)
         try:
-            Registry(self.run_dir).write(self.record)
-        except OSError:
+            self.state.registry.write(self.record)
+        except Exception:
             log.debug("registry write failed", exc_info=True)
 
     # -- running a step ---------------------------------------------------------------
@@ -333,7 +341,7 @@ class Runtime:
         except OSError as exc:
             log.warning(
                 "%s",
-                t("runtime.manifest_unwritten", path=self.run_dir / "manifest.json", error=exc),
+                t("runtime.manifest_unwritten", path=self.manifest_path, error=exc),
             )
         return row
 
@@ -345,7 +353,7 @@ class Runtime:
         except OSError as exc:
             log.warning(
                 "%s",
-                t("runtime.manifest_unwritten", path=self.run_dir / "manifest.json", error=exc),
+                t("runtime.manifest_unwritten", path=self.manifest_path, error=exc),
             )
         if self.on_result is not None:
             self.on_result(result)
@@ -417,7 +425,7 @@ def _workbench(value: Any, workspace: Path, run_dir: Path) -> Any:
     the workspace), False/None → none. Its index is refreshed at once."""
     if value is None or value is False:
         return None
-    from .workbench import Workbench
+    from ..agents.workbench import Workbench
 
     wb = Workbench(workspace, home=run_dir / "workbench") if value is True else value
     if not isinstance(wb, Workbench):

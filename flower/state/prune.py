@@ -1,9 +1,11 @@
 """``PruningSessionStore``: errors never reach a resumed session (seed 000 韧性, point 三).
 
 The outermost of the three store layers (sqlite → trimming → pruning); a Runtime always
-uses it. At :meth:`load` (the SDK calls it before spawning the CLI to resume; what it
-returns is what the model is sent), before the trimming layer's rules, three rules and a
-repair run on the transcript; SQLite keeps every original byte:
+uses it, over the session store of its run state (SQLite's or PostgreSQL's: like the
+trimming layer it extends, it wraps any :class:`flower.state.seam.Sessions`). At
+:meth:`load` (the SDK calls it before spawning the CLI to resume; what it returns is what
+the model is sent), before the trimming layer's rules, three rules and a repair run on the
+transcript; the store below keeps every original byte:
 
 1. **API errors dropped.** An ``assistant`` entry with ``isApiErrorMessage: true`` — the
    synthetic message the CLI appends when it gives up on the API (``message.model`` is
@@ -53,13 +55,15 @@ result must not be spilled or expired before this layer decides what it becomes.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..i18n import define, t
 from .ledger import DONE, Call, ToolLedger, fill, insert_after_response, timestamp_epoch
+from .sqlite import SqliteLedgerRows, SqliteSessionStore
 from .trim import (
     EphemeralPolicy,
     TrimmingSessionStore,
@@ -69,6 +73,9 @@ from .trim import (
     tool_uses,
     with_result_text,
 )
+
+if TYPE_CHECKING:
+    from .seam import LedgerRows, Sessions
 
 __all__ = [
     "INTERRUPTED_TEXT",
@@ -148,7 +155,13 @@ def is_denied(entry: Entry, block: dict[str, Any]) -> bool:
 
 
 class PruningSessionStore(TrimmingSessionStore):
-    """The store a Runtime uses: pruning, then trimming, on top of SQLite.
+    """The store a Runtime uses: pruning, then trimming, on top of any session store.
+
+    ``path`` is the store it wraps, or a database file for a :class:`SqliteSessionStore`
+    (see :class:`~flower.state.trim.TrimmingSessionStore`). ``ledger`` holds the tool
+    ledger's rows, the backend's :class:`~flower.state.seam.LedgerRows` (a run state's
+    ``ledger``); for a SQLite store it may be left out (the ``tool_calls`` table of the
+    same file), any other store needs it.
 
     ``prune`` defaults to ``PrunePolicy()`` and is kept as ``prune_policy``. Unlike the
     trimming layer's, the fourth positional parameter is ``prune``; a call written for the
@@ -159,26 +172,29 @@ class PruningSessionStore(TrimmingSessionStore):
     ``relinked`` (references moved) to the trimming layer's counts, ``ledger`` (results the
     tool ledger supplied) and ``healed`` (orphan calls answered) when any were. ``pruned``
     is how many entries the last load dropped, ``denials_dropped`` how many denied calls.
-    ``ledger`` is this store's :class:`~flower.stores.ledger.ToolLedger`.
+    ``ledger`` is this store's :class:`~flower.state.ledger.ToolLedger` (over the rows
+    given, asking the inner store whether a session is there yet).
     """
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | os.PathLike[str] | Sessions,
         workspace: str | Path,
         policy: TrimPolicy | None = None,
         prune: PrunePolicy | None = None,
         ephemeral: EphemeralPolicy | None = None,
+        *,
+        ledger: LedgerRows | None = None,
     ) -> None:
         prune, ephemeral = _prune_and_ephemeral(prune, ephemeral)
         super().__init__(path, workspace, policy, ephemeral)
         self.prune_policy = prune if prune is not None else PrunePolicy()
         self.pruned = 0
         self.denials_dropped = 0
-        self.ledger = ToolLedger(self)
+        self.ledger = ToolLedger(_ledger_rows(self.inner, ledger), self.inner)
 
     def reshape(self, entries: list[Entry]) -> list[Entry]:
-        """The tool ledger's results first (:func:`flower.stores.ledger.fill`), then
+        """The tool ledger's results first (:func:`flower.state.ledger.fill`), then
         pruning, then the trimming layer's expiry and trimming."""
         report: dict[str, int] = {}
         entries = list(entries)
@@ -223,6 +239,18 @@ class PruningSessionStore(TrimmingSessionStore):
         }
         relinked, report["relinked"] = relink(survivors, entries, gone)
         return relinked
+
+
+def _ledger_rows(inner: Sessions, given: LedgerRows | None) -> LedgerRows:
+    """The ledger's rows: as given, or a SQLite store's own table."""
+    if given is not None:
+        return given
+    if isinstance(inner, SqliteSessionStore):
+        return SqliteLedgerRows(inner)
+    raise TypeError(
+        f"a PruningSessionStore over a {type(inner).__name__} needs ledger=, the tool"
+        " ledger's rows of the same backend (its run state's ledger)"
+    )
 
 
 def _prune_and_ephemeral(prune: Any, ephemeral: Any) -> tuple[PrunePolicy | None, Any]:

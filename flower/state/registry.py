@@ -5,11 +5,15 @@ so records need no lock: every write is an atomic replace of the whole (small) f
 (``status``, a start checking for live holders) list the directory.
 
 A record is *alive* when its pid exists **and** that process started when the record says
-(psutil's create_time), so a recycled pid is never mistaken for the flower.
+(psutil's create_time), so a recycled pid is never mistaken for the flower. A record written on
+another machine (its ``host`` is not this one: a registry shared through PostgreSQL) cannot be
+asked about its pid: it is alive while its lease runs, that is while its supervisor touched it
+within :data:`LEASE_S` (it does every few seconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -46,6 +50,16 @@ KILLED = "killed"
 INTERRUPTED = "interrupted"
 # What status, show and logs call a run whose process is gone mid-run, or was interrupted.
 RESUMABLE = "interrupted-resumable"
+# A record from another machine is alive while it was touched this recently (the supervisor
+# touches its record every 5 s; a few missed beats are a busy machine, not a dead one).
+LEASE_S = 30.0
+
+
+def this_host() -> str:
+    """This machine's name, as records say where they were written."""
+    import socket
+
+    return socket.gethostname()
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -113,9 +127,14 @@ class FlowerRecord:
     completed: dict[str, dict[str, Any]] = field(default_factory=dict)
     # seed 004's reuse report: per step, reused or ran (and why), in the order they came.
     reuse: list[dict[str, Any]] = field(default_factory=list)
+    host: str = ""  # the machine it runs on ("" in records older than shared state)
+    workspace_id: str = ""  # the workspace's identity (flower.state.identity)
+    heartbeat_at: float = 0.0  # when it was last touched, in the backend's clock
 
     @property
     def alive(self) -> bool:
+        if self.host and self.host != this_host():
+            return self.state == RUNNING and lease_alive(self.heartbeat_at or self.updated_at)
         return is_alive(self.pid, self.pid_started)
 
     def to_json(self) -> str:
@@ -131,11 +150,19 @@ class FlowerRecord:
 
 
 class Registry:
-    """The ``flowers/`` directory of one run_dir."""
+    """Who ran here: the ``flowers/`` directory of one run_dir (the local backend).
+
+    :class:`SharedRegistry` is the same interface over a database's rows; callers get
+    whichever their run state has (``RunState.registry``) and never ask which.
+    """
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.dir = self.run_dir / FLOWERS_DIRNAME
+
+    @property
+    def where(self) -> str:
+        return str(self.dir)
 
     def path_for(self, run_id: str) -> Path:
         return self.dir / f"{run_id}.json"
@@ -143,8 +170,14 @@ class Registry:
     def write(self, record: FlowerRecord) -> None:
         """Replace this run's record atomically (only its own process calls this)."""
         private_dir(self.dir)
-        record.updated_at = time.time()
+        record.updated_at = record.heartbeat_at = time.time()
+        record.host = record.host or this_host()
         atomic_write_text(self.path_for(record.run), record.to_json(), durable=False)
+
+    def remove(self, run_id: str) -> None:
+        """Forget a run's record (a start that was refused leaves no trace)."""
+        with contextlib.suppress(OSError):
+            self.path_for(run_id).unlink()
 
     def get(self, run_id: str) -> FlowerRecord | None:
         return _read(self.path_for(run_id))
@@ -174,6 +207,13 @@ class Registry:
             moved.append(aside)
         return moved
 
+    def locked(self) -> Any:
+        """The lock that makes "is anyone live here? then I am" atomic across processes."""
+        from filelock import FileLock
+
+        private_dir(self.run_dir)
+        return FileLock(str(self.run_dir / "flowers.lock"), mode=0o600, timeout=30)
+
     def _files(self) -> list[Path]:
         try:
             names = sorted(os.listdir(self.dir))
@@ -187,7 +227,56 @@ class Registry:
         A record that ended (finished, failed, killed) holds nothing even if its process
         lives on, e.g. a library user running two flows one after the other.
         """
-        return [r for r in self.records() if r.run != exclude and r.state == RUNNING and r.alive]
+        return live_of(self.records(), exclude)
+
+
+class SharedRegistry:
+    """:class:`Registry`'s interface over a database's rows (:class:`~.seam.RegistryRows`),
+    seen from one workspace: its records are the ones this workspace wrote, and the lock is
+    this workspace's. A record is its JSON object there; none is ever damaged."""
+
+    def __init__(self, rows: Any, workspace_id: str, where: str) -> None:
+        self.rows, self.workspace_id, self.where = rows, workspace_id, where
+
+    def write(self, record: FlowerRecord) -> None:
+        record.updated_at = time.time()
+        record.host = record.host or this_host()
+        record.workspace_id = self.workspace_id
+        data = json.loads(record.to_json())
+        self.rows.write(data)
+        record.heartbeat_at = float(data.get("heartbeat_at") or record.updated_at)
+
+    def remove(self, run_id: str) -> None:
+        self.rows.remove(run_id)
+
+    def get(self, run_id: str) -> FlowerRecord | None:
+        data = self.rows.get(run_id)
+        return _checked(FlowerRecord.from_dict(data)) if isinstance(data, dict) else None
+
+    def records(self) -> list[FlowerRecord]:
+        out = [
+            r
+            for data in self.rows.records(self.workspace_id)
+            if isinstance(data, dict) and (r := _checked(FlowerRecord.from_dict(data)))
+        ]
+        out.sort(key=lambda r: (r.started_at, r.run))
+        return out
+
+    def damaged(self) -> list[Path]:
+        return []
+
+    def set_aside_damaged(self) -> list[Path]:
+        return []
+
+    def locked(self) -> Any:
+        return self.rows.locked(self.workspace_id)
+
+    def live(self, *, exclude: str | None = None) -> list[FlowerRecord]:
+        return live_of(self.records(), exclude)
+
+
+def live_of(records: list[FlowerRecord], exclude: str | None) -> list[FlowerRecord]:
+    return [r for r in records if r.run != exclude and r.state == RUNNING and r.alive]
 
 
 # The fields every reader relies on, with the types they must have.
@@ -212,11 +301,21 @@ def _read(path: Path) -> FlowerRecord | None:
         record = FlowerRecord.from_dict(data)
     except (OSError, ValueError, TypeError):
         return None
+    return _checked(record)
+
+
+def _checked(record: FlowerRecord) -> FlowerRecord | None:
+    """The record if every field readers rely on has its type, else None."""
     for name, kind in _CHECKED.items():
         value = getattr(record, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             return None
     return record
+
+
+def lease_alive(touched: float, now: float | None = None) -> bool:
+    """Was a record touched within :data:`LEASE_S`?"""
+    return (time.time() if now is None else now) - touched < LEASE_S
 
 
 def state_of(r: FlowerRecord, alive: bool | None = None) -> str:

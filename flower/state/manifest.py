@@ -471,3 +471,29 @@ def _restore(fd: int, size: int, at: int, old_tail: bytes) -> None:
         os.ftruncate(fd, size)
         _pwrite_all(fd, old_tail, at)
         os.fsync(fd)
+
+
+class SharedManifest:
+    """:class:`Manifest`'s interface over a database's rows (:class:`~.seam.ManifestRows`):
+    this run's rows of one workspace. A row is appended once, in one statement, so there is
+    no torn or damaged table to set aside; ``check`` has nothing to do."""
+
+    def __init__(self, rows: Any, workspace_id: str, run_id: str, where: str) -> None:
+        self.store, self.workspace_id, self.run_id = rows, workspace_id, run_id
+        self.path = where  # what a warning names
+
+    def record(self, result: StepResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Append ``result``'s row and return it. Raises OSError (the caller's one warning)
+        when the database cannot take it."""
+        row = manifest_row(result, self.run_id) | (extra or {})
+        try:
+            self.store.append(self.workspace_id, json.loads(_dumps(row)))
+        except Exception as exc:
+            raise OSError(str(exc)) from exc
+        return row
+
+    def check(self) -> None:
+        return None
+
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self.store.rows(self.workspace_id))

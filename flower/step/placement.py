@@ -1,15 +1,15 @@
 """Placements: where one attempt of a step runs.
 
-The step loop (:mod:`flower.core.loop`) decides everything about a step: how many attempts,
+The step loop (:mod:`flower.step.loop`) decides everything about a step: how many attempts,
 what each one sends, which session it continues, when to wait, back off, hand off or stop.
 Below it, a *placement* runs exactly one attempt somewhere and reports what happened. Two
-exist: :class:`flower.core.inprocess.InProcess` (this process: library users) and the
+exist: :class:`flower.step.inprocess.InProcess` (this process: library users) and the
 supervisor's forked step child (``supervisor.placement.Forked``). A third (a task on a
 cluster engine) needs no change to the loop or the workflow if it keeps this contract:
 
 ``await placement.attempt(call, seat, watch) -> StepResult``
 
-1. Run ``call`` once: an SDK client session built by :func:`flower.core.attempt.options_for`
+1. Run ``call`` once: an SDK client session built by :func:`flower.step.attempt.options_for`
    from ``call`` and ``seat``, the prompt ``call.prompt`` sent, messages read to the result.
    Everything the SDK calls back (hooks, in-process MCP servers) runs where the attempt runs.
 2. Report while it runs, from the event loop the placement was awaited on:
@@ -50,9 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..state.result import Event, StepResult
 from ..util.fsutil import file_name, open_private, private_dir
 from .call import StepCall
-from .result import Event, StepResult
 
 
 class Interruptible(Protocol):

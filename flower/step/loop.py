@@ -36,6 +36,7 @@ import tenacity
 from .._errors import AttemptCrash
 from ..docs.handoff import HANDOFF_PROMPT, Handoff, degraded
 from ..i18n import define, t
+from ..state.result import HANDOFF_DUE, INTERRUPTED, Event, StepResult
 from ..util.fsutil import inside
 from ..util.overflow import is_overflow
 from .attempt import Window, crash_of, handoff_at
@@ -43,7 +44,6 @@ from .call import StepCall
 from .interrupts import Interrupts
 from .placement import Placement, Seat, Watch, write_crash_log
 from .resilience import Resilience
-from .result import HANDOFF_DUE, INTERRUPTED, Event, StepResult
 from .window import HandoffPolicy, is_guess
 
 OnEvent = Callable[[Event], None]

@@ -1,16 +1,16 @@
 """The placement of library use: each attempt is an SDK session in this very process.
 
-The contract every placement keeps is in :mod:`flower.core.placement`.
+The contract every placement keeps is in :mod:`flower.step.placement`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..state.result import StepResult
 from .attempt import SdkAttempt
 from .call import StepCall
 from .placement import Seat, Watch
-from .result import StepResult
 
 
 class InProcess:

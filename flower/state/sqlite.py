@@ -1,8 +1,9 @@
 """``SqliteSessionStore``: the SDK's ``SessionStore`` protocol on one SQLite file.
 
-This is the bottom of the three store layers (sqlite → trimming → pruning). It keeps every
-entry exactly as it was appended; the layers above reshape what ``load()`` returns, never
-what is stored.
+The local backend's session store (the seam's ``Sessions``), and the bottom of the three
+store layers (sqlite → trimming → pruning; the two layers wrap any ``Sessions``, this one
+or PostgreSQL's). It keeps every entry exactly as it was appended; the layers above reshape
+what ``load()`` returns, never what is stored.
 
 Layout (three tables, as seed 003 names them):
 
@@ -13,8 +14,13 @@ Layout (three tables, as seed 003 names them):
   last write time (epoch ms). The row whose ``key`` is ``''`` is the store-wide write clock.
 - ``summaries(project_key, session_id, mtime, data)``: the SDK's incrementally folded
   session summary (``fold_session_summary``), written in the same transaction as the append.
-- ``tool_calls``: flower's tool ledger, one row per tool call (:mod:`flower.stores.ledger`);
-  never part of a transcript, only consulted when one is loaded.
+- ``tool_calls``: flower's tool ledger, one row per tool call (:mod:`flower.state.ledger`,
+  through :class:`SqliteLedgerRows`); never part of a transcript, only consulted when one
+  is loaded.
+
+Fencing (:mod:`flower.state.seam`): one machine, and the supervisor keeps one writer per
+session, so :meth:`SqliteSessionStore.begin_attempt` is a counter of this object and
+:meth:`SqliteSessionStore.claim` does nothing: no write here is ever refused.
 
 Concurrency: several processes write one file at once. The file is in WAL mode and every
 write is one short ``BEGIN IMMEDIATE`` transaction. SQLite's own busy handler sleeps
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -46,7 +53,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,19 +78,21 @@ from tenacity import (
 from .._errors import FlowerError
 from ..util.fsutil import open_private, private_dir
 from .dbfile import SESSION_EXISTS, damage
+from .records import LedgerRow
 
 __all__ = [
     "BUSY_DEADLINE_S",
     "SessionStoreBusy",
     "SessionStoreDamaged",
     "SessionStoreError",
+    "SqliteLedgerRows",
     "SqliteSessionStore",
 ]
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: the tool ledger's table (flower.stores.ledger)
+SCHEMA_VERSION = 2  # 2: the tool ledger's table (flower.state.ledger)
 BUSY_DEADLINE_S = 30.0  # below the SDK's 60 s send timeout, so our error is what it logs
 _CLOCK_KEY = ""  # real keys always contain "/", so "" can never collide with one
 CHECKPOINT_EVERY = 100  # appends of one process between background WAL checkpoints
@@ -341,7 +350,8 @@ class SqliteSessionStore(SessionStore):
     0700 and the file 0600 if missing. Implements ``append``/``load`` and every optional
     method (``list_sessions``, ``list_session_summaries``, ``delete``, ``list_subkeys``),
     plus the synchronous helpers :meth:`has_session`, :meth:`projects`, :meth:`last_context`,
-    :meth:`load_sync` and :meth:`close`.
+    :meth:`load_sync` and :meth:`close`, and the seam's fencing (:meth:`begin_attempt`,
+    :meth:`claim`, never refused here): it is a full :class:`flower.state.seam.Sessions`.
 
     An object may be inherited across ``os.fork()``: the child opens its own connection and
     never touches the parent's. Calls are serialised per object by a lock, so one object may
@@ -366,6 +376,7 @@ class SqliteSessionStore(SessionStore):
         self._checkpointing: asyncio.Future[None] | None = None
         self._appends = 0
         self._last_mtime = 0
+        self.epoch = 0  # begin_attempt()'s last number; 0: no attempt began here
         self._run_sync(lambda conn: None)  # open now: a bad file fails here, not mid-step
 
     # ---- SessionStore protocol ------------------------------------------------------
@@ -471,6 +482,18 @@ class SqliteSessionStore(SessionStore):
         """Close this process's connections; a later call opens new ones."""
         self._db.close()
         self._checkpointer.close()
+
+    # ---- fencing (the seam's Sessions) -------------------------------------------------
+
+    def begin_attempt(self) -> int:
+        """The next number of this object's counter. Nothing is stored and nothing is ever
+        refused: one machine holds the file and the supervisor keeps one writer per session,
+        so there is no superseded attempt to fence out (see :mod:`flower.state.seam`)."""
+        self.epoch += 1
+        return self.epoch
+
+    def claim(self, session_id: str) -> None:
+        """Nothing to do: a local session always belongs to the attempt that resumes it."""
 
     # ---- transactions ------------------------------------------------------------------
 
@@ -722,3 +745,87 @@ class SqliteSessionStore(SessionStore):
             f"{self.path} {what}",
             hint="move it aside (flower never deletes it) and run again to start a fresh one",
         )
+
+
+# --------------------------------------------------------------------------------------
+# the tool ledger's rows
+# --------------------------------------------------------------------------------------
+
+_LEDGER_COLUMNS = (
+    "tool_use_id, session_id, agent_id, name, input, state, started_at, message, response,"
+    " content, is_error, ended_at"
+)
+
+
+class SqliteLedgerRows:
+    """The tool ledger's rows (the seam's ``LedgerRows``) in the ``tool_calls`` table of
+    ``store``'s file, on ``store``'s connection, busy waits and fork handling."""
+
+    def __init__(self, store: SqliteSessionStore) -> None:
+        self.store = store
+
+    def __repr__(self) -> str:
+        return f"SqliteLedgerRows({str(self.store.path)!r})"
+
+    async def started(self, row: LedgerRow) -> None:
+        """Insert a started call; a row that exists already is left as it is."""
+        sql = (
+            "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, message,"
+            " state, started_at) VALUES (:tool_use_id, :session_id, :agent_id, :name, :input,"
+            " :message, :state, :started_at) ON CONFLICT(tool_use_id) DO NOTHING"
+        )
+        args = _named(row)
+        await self.store._run(lambda conn: conn.execute(sql, args), write=True)
+
+    async def finished(self, row: LedgerRow) -> None:
+        """Insert or update the call's end: state, response, content, is_error, ended_at."""
+        sql = (
+            "INSERT INTO tool_calls(tool_use_id, session_id, agent_id, name, input, state,"
+            " response, content, is_error, started_at, ended_at) VALUES (:tool_use_id,"
+            " :session_id, :agent_id, :name, :input, :state, :response, :content, :is_error,"
+            " :started_at, :ended_at) ON CONFLICT(tool_use_id) DO UPDATE SET"
+            " state = excluded.state, response = excluded.response,"
+            " content = excluded.content, is_error = excluded.is_error,"
+            " ended_at = excluded.ended_at"
+        )
+        args = _named(row)
+        await self.store._run(lambda conn: conn.execute(sql, args), write=True)
+
+    def exact(self, tool_use_id: str, content: str, is_error: bool) -> None:
+        """Replace a finished call's content with what the model was really sent: one try,
+        no wait for a busy file (raises SQLite's busy error instead)."""
+        sql = (
+            "UPDATE tool_calls SET content = ?, is_error = ? WHERE tool_use_id = ?"
+            " AND state IN ('done', 'failed')"
+        )
+        args = (content, int(bool(is_error)), tool_use_id)
+        self.store._attempt(lambda conn: conn.execute(sql, args), True)
+
+    def by_ids(self, ids: Sequence[str]) -> list[LedgerRow]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return []
+        return self._select(f"tool_use_id IN ({','.join('?' * len(wanted))})", wanted)
+
+    def in_session(self, session_id: str, since: float) -> list[LedgerRow]:
+        """Main-thread calls (``agent_id`` None) of the session that started at ``since``
+        or later, oldest first."""
+        where = "session_id = ? AND agent_id IS NULL AND started_at >= ? ORDER BY started_at"
+        return self._select(where, [session_id, since])
+
+    def _select(self, where: str, args: Sequence[Any]) -> list[LedgerRow]:
+        sql = f"SELECT {_LEDGER_COLUMNS} FROM tool_calls WHERE {where}"
+        rows = self.store._run_sync(lambda conn: conn.execute(sql, args).fetchall())
+        return [_ledger_row(row) for row in rows]
+
+
+def _named(row: LedgerRow) -> dict[str, Any]:
+    """``row``'s fields as named parameters (``is_error`` stored as 0/1)."""
+    return {**dataclasses.asdict(row), "is_error": int(row.is_error)}
+
+
+def _ledger_row(row: Sequence[Any]) -> LedgerRow:
+    """A ``tool_calls`` row in ``_LEDGER_COLUMNS``' order (``is_error`` is stored as 0/1)."""
+    values = list(row)
+    values[10] = bool(values[10])
+    return LedgerRow(*values)
