@@ -99,8 +99,8 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_another(
     tmp_path: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ports = iter([taken_port])
-    free = temporal._free_port
-    monkeypatch.setattr(temporal, "_free_port", lambda: next(ports, None) or free())
+    free = temporal.free_port
+    monkeypatch.setattr(temporal, "free_port", lambda: next(ports, None) or free())
     server = start_temporal(tmp_path / "t")
     try:
         assert server.port != taken_port and answers(server.target)
@@ -113,7 +113,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_another(
 def test_a_server_that_cannot_start_fails_with_one_line_from_its_log_and_leaves_no_process(
     tmp_path: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(temporal, "_free_port", lambda: taken_port)  # every try: taken
+    monkeypatch.setattr(temporal, "free_port", lambda: taken_port)  # every try: taken
     home = tmp_path / "t"
     with pytest.raises(TemporalStartError) as caught:
         start_temporal(home)

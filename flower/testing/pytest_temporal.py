@@ -17,13 +17,12 @@ temporal_target`` in a ``conftest.py`` (or ``pytest_plugins =
 
 from __future__ import annotations
 
-import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from .._errors import FlowerError
+from ._servers import suite_server
 
 __all__ = ["ENV", "temporal_queue", "temporal_target"]
 
@@ -33,20 +32,14 @@ ENV = "FLOWER_TEST_TEMPORAL"
 @pytest.fixture(scope="session")
 def temporal_target() -> Iterator[str]:
     """The suite's Temporal frontend, ``HOST:PORT`` (see the module docstring)."""
-    given = os.environ.get(ENV, "").strip()
-    if given:
-        yield given
-        return
-    from .temporal import start_temporal
 
-    try:
+    def start() -> tuple[str, Callable[[], None]]:
+        from .temporal import start_temporal
+
         server = start_temporal()
-    except FlowerError as exc:
-        pytest.fail(f"Temporal for the tests: {exc.one_line()}", pytrace=False)
-    try:
-        yield server.target
-    finally:
-        server.stop()
+        return server.target, server.stop
+
+    yield from suite_server(ENV, "Temporal", start)
 
 
 @pytest.fixture
