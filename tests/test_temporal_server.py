@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -54,12 +52,9 @@ def servers_in(directory: Path) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def taken_port() -> Iterator[int]:
+def taken_port(listening_url: str) -> int:
     """A loopback port something else listens on."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
+    return int(listening_url.rsplit(":", 1)[1])
 
 
 def test_the_command_line_starts_a_server_on_loopback_only_and_stops_it_leaving_nothing() -> None:
