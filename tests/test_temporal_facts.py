@@ -240,10 +240,21 @@ def test_a_killed_worker_s_attempt_starts_again_on_another_worker_as_attempt_2(
         took = (await events.wait("start", "W2", within=20))["t"] - killed
         print(f"\nSIGKILL of the worker -> the attempt starts on another: {took:.2f} s")
         assert took < 10  # the bound for the whole resume
+        assert (await handle.describe()).activity_run_id == handle.run_id  # one run, 2 attempts
         return await handle.result()
 
     assert asyncio.run(main()) == {"worker": "W2", "attempt": 2}
-    assert [(e["worker"], e["attempt"]) for e in events.where("start")] == [("W1", 1), ("W2", 2)]
+    first, second = events.where("start")
+    assert (first["worker"], first["attempt"], second["worker"], second["attempt"]) == (
+        "W1",
+        1,
+        "W2",
+        2,
+    )
+    # the next attempt starts with the last heartbeat details the dead one got through
+    sent = [e["beat"] for e in events.where("beat", "W1")]
+    assert first["inherited"] == [] and len(second["inherited"]) == 1
+    assert second["inherited"][0] in sent
 
 
 def test_a_frozen_worker_s_attempt_moves_and_on_waking_it_is_cancelled_and_its_result_dropped(
