@@ -52,6 +52,9 @@ WEIGHT = {
     "test_pg_store.py": 30,
     "test_pg_rows.py": 20,
     "test_pg_server.py": 15,
+    # Temporal: worker processes killed, frozen, stopped; heartbeat timeouts waited out
+    "test_temporal_facts.py": 70,
+    "test_temporal_server.py": 20,
 }
 DEFAULT_E2E_WEIGHT = 20
 # pytest's last line: "3 passed, 1 skipped in 4.20s" (-q) or "=== 1 failed, 2 passed in … ===".

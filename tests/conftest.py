@@ -1,5 +1,5 @@
-"""Shared fixtures: the scripted model server, a flower workspace for end-to-end tests, and a
-PostgreSQL database per test."""
+"""Shared fixtures: the scripted model server, a flower workspace for end-to-end tests, a
+PostgreSQL database per test, and a Temporal server with a task queue per test."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ from flower.testing.pytest_helpers import claude_home, model_server, reaper  # n
 
 # A real PostgreSQL: the suite's server (scripts/test.sh) and a fresh database per test.
 from flower.testing.pytest_postgres import pg_dsn, pg_server  # noqa: F401
+
+# A real Temporal: the suite's dev server (scripts/test.sh) and a task queue per test.
+from flower.testing.pytest_temporal import temporal_queue, temporal_target  # noqa: F401
 
 # Both session backends, for the store layers' rules checked on each (tests/backends.py).
 from tests.backends import backend  # noqa: F401

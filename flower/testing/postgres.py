@@ -31,7 +31,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 
 from .._errors import FlowerError
 from ..i18n import define, t
+from ._servers import command_line, file_size, free_port, text_after
 
 __all__ = ["PgServer", "PostgresStartError", "find_binaries", "postgres_server", "start_postgres"]
 
@@ -211,7 +211,7 @@ def start_postgres(dir: str | Path | None = None, *, durable: bool = True) -> Pg
             ],
         )
         for tries_left in reversed(range(3)):  # a free port can be taken before we bind it
-            server.port = _free_port()
+            server.port = free_port()
             try:
                 server._start()
                 break
@@ -296,19 +296,12 @@ def _reachable(path: Path, user: pwd.struct_passwd) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _run(server: PgServer, command: list[str]) -> None:
     """Run an initdb/pg_ctl command as the server's user; its output goes to a file (a pipe
     held open by the daemonised postmaster would never reach end of file)."""
     user = pwd.getpwnam(server.user) if server.user else None
     out = server.dir / "commands.out"
-    marks = {path: _size(path) for path in (server.log, out)}  # what this command adds
+    marks = {path: file_size(path) for path in (server.log, out)}  # what this command adds
     kwargs: dict[str, Any] = {}
     if user is not None:
         kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
@@ -343,24 +336,11 @@ def _failed(server: PgServer, what: str) -> PostgresStartError:
     )
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 def _first_lines(path: Path, start: int) -> str:
     """The first lines ``path`` got after offset ``start`` (the server's reason comes
     first: "could not bind ...", "unrecognized configuration parameter ..."), each without
     its timestamp, joined by ' | '."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = [_STAMP.sub("", line).strip() for line in text.splitlines()]
+    lines = [_STAMP.sub("", line).strip() for line in text_after(path, start).splitlines()]
     return " | ".join([line for line in lines if line][:LOG_LINES])
 
 
@@ -368,21 +348,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``start [DIR]`` prints the URL and the directory; ``stop DIR`` stops and removes it.
 
     A server started here is a test suite's: fsync off (see :func:`start_postgres`)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if args[:1] == ["start"] and len(args) <= 2:
-            server = start_postgres(args[1] if len(args) == 2 else None, durable=False)
-            print(f"{server.dsn} {server.dir}")
-            return 0
-        if args[:1] == ["stop"] and len(args) == 2:
-            if (Path(args[1]) / STATE_FILE).exists():
-                PgServer.load(args[1]).stop()
-            return 0
-    except FlowerError as exc:
-        print(exc.one_line(), file=sys.stderr)
-        return 1
-    print("usage: python -m flower.testing.postgres start [DIR] | stop DIR", file=sys.stderr)
-    return 2
+
+    def start(dir: str | None) -> tuple[str, str]:
+        server = start_postgres(dir, durable=False)
+        return server.dsn, str(server.dir)
+
+    def stop(dir: Path) -> None:
+        if (dir / STATE_FILE).exists():
+            PgServer.load(dir).stop()
+
+    return command_line(argv, "flower.testing.postgres", start, stop)
 
 
 if __name__ == "__main__":

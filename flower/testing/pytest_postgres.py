@@ -15,15 +15,14 @@ Enable them with ``from flower.testing.pytest_postgres import pg_dsn, pg_server`
 
 from __future__ import annotations
 
-import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from .._errors import FlowerError
+from ._servers import suite_server
 
 __all__ = ["ENV", "database_url", "pg_dsn", "pg_server"]
 
@@ -39,20 +38,14 @@ def database_url(server_url: str, database: str) -> str:
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """The superuser URL of the suite's PostgreSQL (see the module docstring)."""
-    given = os.environ.get(ENV, "").strip()
-    if given:
-        yield given
-        return
-    from .postgres import start_postgres
 
-    try:
+    def start() -> tuple[str, Callable[[], None]]:
+        from .postgres import start_postgres
+
         server = start_postgres(durable=False)
-    except FlowerError as exc:
-        pytest.fail(f"PostgreSQL for the tests: {exc.one_line()}", pytrace=False)
-    try:
-        yield server.dsn
-    finally:
-        server.stop()
+        return server.dsn, server.stop
+
+    yield from suite_server(ENV, "PostgreSQL", start)
 
 
 @pytest.fixture
