@@ -70,6 +70,11 @@ define(
             "> {label}  (run {run}, dispatch try {attempt})",
         ),
         "worker.done": ("+ {label}  {outcome}", "+ {label}  {outcome}"),
+        "worker.stopped": (
+            "x {label}  停了:supervisor 叫停,或者租约没了(别的 worker 接手了);进程树已结束",
+            "x {label}  stopped: its supervisor said so, or its lease is gone (another worker "
+            "took it over); its process tree is ended",
+        ),
         "worker.refused": (
             "! {label} 还回队列:{why}",
             "! {label} goes back to the queue: {why}",
@@ -338,6 +343,7 @@ class Attempts:
             # frozen and Temporal gave the attempt to another worker): the child's whole
             # tree ends now, nothing more is written or sent.
             forked.stop_now()
+            say(t("worker.stopped", label=call.label))
             raise
         finally:
             for task in helpers:
@@ -406,6 +412,9 @@ def run_worker(cfg: WorkerConfig) -> int:
     from flower.testing.temporal import run_on_own_runtime
 
     load_dotenv()
+    # Temporal logs a cancelled or refused attempt with its traceback; the worker says one
+    # line of its own for each instead.
+    logging.getLogger("temporalio").setLevel(logging.ERROR)
     probe = open_state(cfg.state, run_dir=Path.cwd() / "runs", workspace=Path.cwd(), create=False)
     if probe.kind == "local":
         raise FlowerError(t("worker.local_state"), hint=t("worker.local_state.hint"))
