@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from flower.people.human import set_relay
+from flower.state.ledger import when_superseded
 from flower.state.result import Event, jsonable
 from flower.step.attempt import Closer, SdkAttempt, crash_of
 from flower.step.call import StepCall
@@ -109,6 +110,9 @@ def _isolate(setup: ChildSetup) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     PROCS.forked()  # our own handlers are in place: a pending SIGTERM now runs _die
     PROCS.die_with_parent(signal.SIGTERM, parent=setup.parent_pid)
+    # A newer attempt took this session over (our worker was frozen and has woken up after
+    # the takeover): the whole tree ends before the CLI runs a tool or asks the model again.
+    when_superseded(lambda: _die(signal.SIGTERM, None))
     # The SDK materialises a resumed session (transcript, credentials) in a temporary
     # directory and removes it when the attempt ends; if this child is killed it cannot, so
     # the directory lives in the run_dir, where the supervisor removes it once we are reaped.

@@ -281,6 +281,24 @@ define(
             "留下临时工作区,并打印它在哪",
             "keep the temporary workspace and print where it is",
         ),
+        "super.help.worker": (
+            "在这台机器上跑 supervisor 放到 Temporal 队列里的步骤尝试(每次一个 fork 出来的子进程,"
+            "和本机跑一样)。运行状态必须在 PostgreSQL 里;凭证用这台机器自己的。",
+            "Run the step attempts supervisors place on a Temporal queue, here (each in a forked "
+            "child, as on the supervisor's machine). The run state must be in PostgreSQL; "
+            "credentials are this machine's own.",
+        ),
+        "super.help.temporal": ("Temporal 服务的地址", "the Temporal service's address"),
+        "super.help.queue": ("要领活的任务队列", "the task queue to take attempts from"),
+        "super.help.slots": ("同时跑几个尝试", "attempts at once"),
+        "super.help.worker_state": (
+            "运行状态的 postgresql:// 地址(默认 FLOWER_STATE)",
+            "the run state's postgresql:// URL (default: FLOWER_STATE)",
+        ),
+        "super.help.map": (
+            "工作区在这台机器上的另一条路径:FROM=TO(可多次)",
+            "where a workspace path is on this machine: FROM=TO (repeatable)",
+        ),
         "super.help.demo": (
             "不要 key、不联网:对着脚本化的模型跑一个流程,在步骤中途 kill -9,再接着跑。"
             "显示的花费是脚本服务器报的模拟数,没花一分钱。",
@@ -560,6 +578,31 @@ def demo(keep: bool) -> None:
 
     try:
         sys.exit(run_demo(keep=keep))
+    except FlowerError as exc:
+        _fail(exc)
+
+
+@main.command(help=t("super.help.worker"))
+@click.option(
+    "--temporal", "target", required=True, metavar="HOST:PORT", help=t("super.help.temporal")
+)
+@click.option("--queue", required=True, metavar="NAME", help=t("super.help.queue"))
+@click.option(
+    "--slots",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help=t("super.help.slots"),
+)
+@click.option("--state", "state", metavar="URL", default=None, help=t("super.help.worker_state"))
+@click.option("--map", "maps", multiple=True, metavar="FROM=TO", help=t("super.help.map"))
+def worker(target: str, queue: str, slots: int, state: str | None, maps: tuple[str, ...]) -> None:
+    """``flower-super worker``."""
+    from supervisor.worker import WorkerConfig, parse_map, run_worker
+
+    try:
+        cfg = WorkerConfig(target, queue, slots, state, [parse_map(m) for m in maps])
+        sys.exit(run_worker(cfg))
     except FlowerError as exc:
         _fail(exc)
 

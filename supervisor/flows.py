@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -109,7 +110,7 @@ def starter(
     if new:
         _check_before_archiving(ask, workspace, run_dir)
     try:
-        return starter_flow(
+        wf = starter_flow(
             ask,
             workspace=workspace,
             run_dir=run_dir,
@@ -124,6 +125,17 @@ def starter(
         )
     except ValueError as exc:
         raise ConfigError(str(exc), hint=t("flow.ask.hint")) from None
+    options = {
+        "rounds": rounds,
+        "goal": goal,
+        "timeout_s": max(0.0, timeout_s),
+        "isolate": isolate,
+        "clarify_only": clarify_only,
+        "judge_can_run": judge_can_run,
+        "max_asks": max_asks,
+    }
+    setattr(wf, RECIPE, {"kind": "starter", "ask": ask, "options": options})
+    return wf
 
 
 def _check_before_archiving(ask: str, workspace: Path, run_dir: Path) -> None:
@@ -159,7 +171,20 @@ def load_flow(ref: str, ask: str = "") -> Workflow:
         )
     wf = _as_workflow(getattr(module, attr), ref, ask)
     check(wf)  # an invalid flow is refused before any model call (FlowInvalid: exit 2)
+    if target.endswith(".py") or "/" in target:  # a file: where it is, from anywhere
+        ref = f"{os.path.abspath(target)}:{attr}"
+    setattr(wf, RECIPE, {"kind": "target", "ref": ref, "ask": ask})
     return wf
+
+
+#: How a Workflow was built (the attribute :func:`load_flow` and :func:`starter` set), so a
+#: worker on another machine builds the same one (supervisor.worker); :func:`recipe_of`.
+RECIPE = "_flower_recipe"
+
+
+def recipe_of(wf: Workflow) -> dict[str, Any] | None:
+    value = getattr(wf, RECIPE, None)
+    return dict(value) if isinstance(value, dict) else None
 
 
 def _import_file(path_text: str) -> Any:

@@ -284,9 +284,13 @@ class Forked:
         *,
         procs: ProcessTree = PROCS,
         ask: Callable[[Ask], Awaitable[str | None]] | None = None,
+        relay: Callable[[Ask], Awaitable[str | None]] | None = None,
     ) -> None:
         self.procs = procs
         self.ask = ask  # puts a child's question to the person (only the supervisor has a terminal)
+        # A worker's children ask through it: every question, a channel's too, goes on to the
+        # supervisor that placed the attempt (its terminal, its copy of the channel).
+        self.relay = relay
         self.children: dict[int, ChildHandle] = {}
         self.prepared: list[ChildHandle] = []
         self._reapers: set[asyncio.Task[int]] = set()
@@ -375,8 +379,7 @@ class Forked:
                 self._writing_now(item.session_id)
             watch.on_session(item.session_id)
         elif isinstance(item, EventMsg):
-            payload = {**item.payload, "step": item.step} if item.step else dict(item.payload)
-            watch.on_event(Event(item.kind, item.text, item.tool, payload))
+            watch.on_event(event_of(item))
         elif isinstance(item, Ask):
             self._answer(child, item)
         else:
@@ -387,16 +390,7 @@ class Forked:
         """Put the question to the person while the child's frames keep being read."""
 
         async def answer() -> None:
-            try:
-                if question.channel:
-                    text: str | None = await _serve_channel(question)
-                else:
-                    text = await self.ask(question) if self.ask else None
-            except Exception as exc:  # noqa: BLE001 - the child waits for an answer: always one
-                log.warning("%s", t("placement.ask_failed", error=exc))
-                text = None
-            state = "answered" if text is not None else "closed"
-            child.send(Answer(id=question.id, state=state, text=text))
+            child.send(await answer_for(question, self.ask, self.relay))
 
         task = asyncio.get_running_loop().create_task(answer())
         child.asking.add(task)
@@ -546,6 +540,34 @@ class Forked:
             self.children.pop(child.pid, None)
             child.close()
             shutil.rmtree(child.tmp, ignore_errors=True)
+
+
+def event_of(frame: EventMsg) -> Event:
+    """The Event an ``event`` frame carries (from a child's pipe or a worker's mailbox)."""
+    payload = {**frame.payload, "step": frame.step} if frame.step else dict(frame.payload)
+    return Event(frame.kind, frame.text, frame.tool, payload)
+
+
+async def answer_for(
+    question: Ask,
+    ask: Callable[[Ask], Awaitable[str | None]] | None,
+    relay: Callable[[Ask], Awaitable[str | None]] | None = None,
+) -> Answer:
+    """The answer to an attempt's question, always one: from ``relay`` when the question
+    must go on (a worker's), else the supervisor's copy of the asking channel, else the
+    person (``ask``); ``closed`` when nobody could be asked."""
+    try:
+        if relay is not None:
+            text: str | None = await relay(question)
+        elif question.channel:
+            text = await _serve_channel(question)
+        else:
+            text = await ask(question) if ask else None
+    except Exception as exc:  # noqa: BLE001 - the attempt waits for an answer: always one
+        log.warning("%s", t("placement.ask_failed", error=exc))
+        text = None
+    state = "answered" if text is not None else "closed"
+    return Answer(id=question.id, state=state, text=text)
 
 
 async def _serve_channel(question: Ask) -> str:

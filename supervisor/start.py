@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower import Runtime, Workbench
+from flower import FlowerError, Runtime, Workbench
 from flower.i18n import define, t
 from flower.state.registry import INTERRUPTED, KILLED
 from flower.state.reuse import report_lines
@@ -73,6 +73,14 @@ define(
             "  要说什么?(直接回车 = 什么都不说,接着跑;再按一次 Ctrl+C = 退出)",
             "  Anything to say? (Enter = nothing, carry on; Ctrl+C again = exit)",
         ),
+        "start.no_recipe": (
+            "这个流程没法放到集群上跑:worker 不知道怎么重建它",
+            "this flow cannot run on a cluster: a worker would not know how to build it",
+        ),
+        "start.no_recipe.hint": (
+            "用 --flow FILE.py:ATTR 或 package.module:ATTR 给出流程",
+            "name the flow with --flow FILE.py:ATTR or package.module:ATTR",
+        ),
         "start.exited": (
             "-- 已退出。血缘在盘上:在同一个目录再跑一次就接着上次。",
             "-- exited. The lineage is on disk: run it again in the same directory to carry on.",
@@ -96,6 +104,8 @@ class StartArgs:
     handoff: Any = True  # Runtime(handoff=...): True, False, or a HandoffPolicy
     # Runtime(workbench=...) when the flow has none of its own; None = <workspace>/.flower
     workbench: Any = None
+    # Where attempts run: None = $FLOWER_PLACEMENT, else forked here; "temporal://H:P/QUEUE"
+    placement: str | None = None
 
 
 def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
@@ -113,6 +123,9 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         handoff=args.handoff,
         placement=Forked(ask=term.ask),
     )
+    remote = args.placement or os.environ.get(PLACEMENT_ENV) or None
+    if remote:
+        rt.placement = _on_cluster(remote, rt, wf, term)
     term.channel = wf.channel
     if args.new and args.archive:
         refuse_new_while_live(rt.run_dir)
@@ -121,6 +134,52 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         return asyncio.run(_main(wf, rt, args, term))
     finally:
         rt.close()
+
+
+PLACEMENT_ENV = "FLOWER_PLACEMENT"
+
+
+def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
+    """The Temporal placement (supervisor.remote): attempts on workers; an attempt a dead
+    supervisor of this flow left running is attached to, never dispatched again."""
+    from .flows import recipe_of
+    from .remote import TemporalPlacement, Where
+
+    recipe = recipe_of(wf)
+    if recipe is None:
+        raise FlowerError(t("start.no_recipe"), hint=t("start.no_recipe.hint"))
+    placement = TemporalPlacement(
+        Where.parse(url),
+        rt.state,
+        rt.run_id,
+        recipe,
+        ask=term.ask,
+        store={"trim": bool(rt.trim), "keep_denials": rt.keep_denials},
+    )
+
+    def placed(label: str, activity_id: str, where: dict[str, Any]) -> None:
+        record = rt.record
+        now = dict(record.placed) if record is not None else {}
+        now[label] = {"id": activity_id, **where}
+        rt.note(placed=now)
+
+    def ended(label: str) -> None:
+        record = rt.record
+        if record is not None and label in record.placed:
+            rt.note(placed={k: v for k, v in record.placed.items() if k != label})
+
+    placement.on_placed, placement.on_ended = placed, ended
+    placement.adopted = _left_running(rt, wf)
+    return placement
+
+
+def _left_running(rt: Runtime, wf: Workflow) -> dict[str, str]:
+    """Attempts the last run of this flow here left on the cluster: its supervisor is gone
+    (killed), the attempt was placed and never ended (label -> activity id)."""
+    mine = [r for r in rt.state.registry.records() if r.flow == wf.name and r.run != rt.run_id]
+    if not mine or mine[-1].alive or mine[-1].state not in ("running", "interrupted"):
+        return {}
+    return {label: str(p.get("id")) for label, p in mine[-1].placed.items() if p.get("id")}
 
 
 def _workbench(wf: Workflow, args: StartArgs) -> Any:
@@ -152,7 +211,8 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         rt.workspace,
         rt.workbench if isinstance(rt.workbench, Workbench) else None,
         say=term.say,
-        placement=rt.placement,
+        # an oracle's question runs here, forked (never dispatched to a cluster)
+        placement=rt.placement if isinstance(rt.placement, Forked) else Forked(),
     )
     term.listen()
     beat = asyncio.get_running_loop().create_task(_heartbeat(rt))
@@ -217,8 +277,9 @@ class SignalDesk:
     """The supervisor's signal handlers (installed on the running event loop)."""
 
     def __init__(self, rt: Runtime, term: Terminal) -> None:
-        assert isinstance(rt.placement, Forked)
-        self.rt, self.term, self.placement = rt, term, rt.placement
+        # Forked or TemporalPlacement: both stop everything they run with stop_now()
+        self.rt, self.term = rt, term
+        self.placement: Any = rt.placement
         self.interrupting = False
 
     def install(self) -> None:

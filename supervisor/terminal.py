@@ -53,6 +53,15 @@ RED, DIM, RESET = "\x1b[31m", "\x1b[2m", "\x1b[0m"
 
 define(
     {
+        "term.placed": (
+            "@ 在 {host} 上跑(worker pid {pid})",
+            "@ running on {host} (worker pid {pid})",
+        ),
+        "term.placed.again": (
+            "@ 原来的 worker 没了,{host} 接着跑同一个会话(worker pid {pid},第 {n} 次派发)",
+            "@ its worker is gone: {host} carries on the same session (worker pid {pid}, "
+            "dispatch try {n})",
+        ),
         "term.wake": ("<- 在 {where} 接上上次  {parts}", "<- carrying on in {where}  {parts}"),
         "term.wake.context": ("{name}上下文 {size}", "{name} context {size}"),
         "term.wake.count": ("第 {n} 次唤醒", "wake {n}"),
@@ -406,6 +415,13 @@ class Terminal:
         self._block = label
         self.say(rule(label))
         self._began(label)
+
+    def _ev_placed(self, ev: Event) -> None:
+        """Where an attempt on a cluster runs (its worker's machine and pid; a try after the
+        first is a takeover: its first worker died or froze)."""
+        p = ev.payload
+        key = "term.placed.again" if int(p.get("try") or 1) > 1 else "term.placed"
+        self.say("  " + t(key, host=p.get("host", "?"), pid=p.get("pid", "?"), n=p.get("try", 1)))
 
     def _ev_text(self, ev: Event) -> None:
         if ev.payload.get("subagent") and not self.verbose:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,9 @@ class AgentSpec:
         problem = _spec_problem(self)
         if problem:
             raise ConfigError(f"agent {self.name!r}: {problem}", hint=_SPEC_HINT)
+        _MADE.append(weakref.ref(self))  # an attempt on another machine finds it by name
+        if len(_MADE) > 4096:
+            _MADE[:] = [r for r in _MADE if r() is not None]
 
     def fingerprint(self) -> str:
         """A stable digest of everything that shapes what this agent does.
@@ -123,6 +127,14 @@ class AgentSpec:
 
 
 _SPEC_HINT = "see AgentSpec's fields in the flower API reference"
+
+#: Every AgentSpec made in this process, weakly (see :mod:`.wire`).
+_MADE: list[weakref.ref[AgentSpec]] = []
+
+
+def made(name: str) -> list[AgentSpec]:
+    """The AgentSpecs of this name made in this process and still alive, oldest first."""
+    return [s for r in _MADE if (s := r()) is not None and s.name == name]
 
 
 def _spec_problem(spec: AgentSpec) -> str | None:

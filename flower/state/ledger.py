@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..i18n import define, t
+from .errors import Superseded
 from .records import LedgerRow
 from .trim import tool_results, tool_uses
 
@@ -190,6 +191,17 @@ def _dumps_response(value: Any) -> str:
     return text
 
 
+#: What this process does when a tool call's write is refused because a newer attempt owns
+#: the session (:func:`when_superseded`); None: the refusal reaches the hook as an error.
+_SUPERSEDED: Callable[[], None] | None = None
+
+
+def when_superseded(act: Callable[[], None] | None) -> None:
+    """Set what a refused (superseded) ledger write does in this process."""
+    global _SUPERSEDED
+    _SUPERSEDED = act
+
+
 class ToolLedger:
     """The ledger of one session store: its rows in ``rows`` (the backend's), and ``store``
     asked whether a new session has reached it yet. A forked step child inherits its
@@ -319,6 +331,13 @@ class ToolLedger:
     async def _write(self, write: Callable[[], Awaitable[None]]) -> None:
         try:
             await write()
+        except Superseded:
+            # A newer attempt owns this session (this one's worker was frozen and woke up
+            # after the takeover): this attempt must not go on. A step child ends its whole
+            # tree here, before the tool runs or the CLI sends another request.
+            if _SUPERSEDED is not None:
+                _SUPERSEDED()
+            raise
         except Exception as exc:  # noqa: BLE001 - continuity never blocks work
             self._warn(t("ledger.unwritable", error=exc))
 

@@ -130,6 +130,8 @@ class FlowerRecord:
     host: str = ""  # the machine it runs on ("" in records older than shared state)
     workspace_id: str = ""  # the workspace's identity (flower.state.identity)
     heartbeat_at: float = 0.0  # when it was last touched, in the backend's clock
+    # attempts running on a cluster: label -> {"id": activity id, "host", "pid", "worker"}
+    placed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:

@@ -224,6 +224,11 @@ class EventRows(Protocol):
         """Until the run has an event after ``after`` (True) or ``timeout`` passes."""
         ...
 
+    def wait_any(self, timeout: float) -> bool:
+        """Until any run gets an event (True: look) or ``timeout`` passes. None is missed
+        between two calls."""
+        ...
+
 
 class RunState(Protocol):
     """One backend: everything a run persists."""

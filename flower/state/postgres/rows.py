@@ -324,6 +324,20 @@ class PostgresEventRows:
             except psycopg.Error as exc:
                 raise self._db.unavailable(exc) from None
 
+    def wait_any(self, timeout: float) -> bool:
+        """Until any run gets an event (True) or ``timeout`` passes. The listening
+        connection keeps listening between calls, so an event that came in between is
+        seen at once by the next call, never missed."""
+        lock, conn = self._db.listener()
+        with lock:
+            try:
+                conn.execute(f"LISTEN {self.channel}")
+                for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+                    return True
+                return False
+            except psycopg.Error as exc:
+                raise self._db.unavailable(exc) from None
+
 
 def _of_workspace(workspace_id: str | None) -> tuple[str, tuple[str, ...]]:
     """A WHERE clause (and its parameters) for one workspace's rows, or for all of them."""

@@ -1,0 +1,505 @@
+"""Attempts on a cluster: the supervisor's Temporal placement, and what it shares with workers.
+
+Each attempt of a step (a map item, a judge round) is a Temporal *standalone activity*
+(:data:`ACTIVITY`) on a task queue, started with a deterministic id (run, label, the
+placement's count of that label's dispatches) and ``REJECT_DUPLICATE``: a supervisor never
+dispatches the same attempt twice, and a restarted one finds a running attempt by its id and
+attaches to it (:meth:`TemporalPlacement.adopt`). A ``flower-super worker`` on any machine
+runs it in a forked step child exactly as the supervisor runs one locally
+(:mod:`supervisor.worker`).
+
+Payloads carry ids and references (:class:`Order`): the flow to load, the workspace and its
+identity, the step call with its agent by name and plain fields. Never an API key (a worker
+takes its credentials from its own machine), never a transcript (those are in PostgreSQL).
+
+**The channel.** What the attempt reports while it runs — its session id the instant it is
+known, text, tool lines, handoff events, a question for the person — and what the supervisor
+sends it — an interrupt with what the person said, an answer, ``shutdown`` — travel as the very
+``ipc`` frames a forked child writes on its pipe, kept in the state database's event rows
+(one *mailbox* per attempt, up and down, :class:`Mailbox`) and woken by its LISTEN/NOTIFY.
+Why there: heartbeat details carry only the newest value (throttled, so text and questions
+would be lost); a standalone activity has no workflow to signal; the database is already
+shared by every supervisor and worker, keeps the frames in order, durably, for a supervisor
+that attaches later (it reads the mailbox from the start), and answers in about a millisecond.
+
+Temporal's own job: place the attempt on a worker with a free slot, notice within
+:data:`HEARTBEAT_TIMEOUT_S` that its worker is gone (killed or frozen), and start it again
+elsewhere; the new worker continues the attempt's own session from PostgreSQL (its epoch
+fences out the old one's writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from flower import AttemptCrash, FlowerError
+from flower.agents.wire import to_wire
+from flower.i18n import define, t
+from flower.state.result import StepResult
+from flower.step.call import StepCall
+from flower.step.placement import Seat, Watch
+from ipc import (
+    Ask,
+    EventMsg,
+    Failure,
+    Interrupt,
+    Message,
+    ProtocolError,
+    Result,
+    Session,
+    Shutdown,
+    decode,
+    encode,
+)
+
+from .placement import answer_for, event_of
+
+log = logging.getLogger("flower.supervisor")
+
+define(
+    {
+        "remote.url": (
+            "--placement 要写成 temporal://HOST:PORT/QUEUE,不是 {url}",
+            "--placement must be temporal://HOST:PORT/QUEUE, not {url}",
+        ),
+        "remote.url.hint": (
+            "例如 temporal://127.0.0.1:7233/flower;或者不设它,在本机跑",
+            "for example temporal://127.0.0.1:7233/flower; or leave it unset to run here",
+        ),
+        "remote.local_state": (
+            "把步骤放到集群上跑,运行状态得在 PostgreSQL 里(现在是本地文件 {where})",
+            "placing steps on a cluster needs the run state in PostgreSQL (it is in local "
+            "files, {where})",
+        ),
+        "remote.local_state.hint": (
+            "加 --state postgresql://… 或设 FLOWER_STATE",
+            "add --state postgresql://… or set FLOWER_STATE",
+        ),
+        "remote.unreachable": (
+            "连不上 Temporal {target}:{error}",
+            "cannot reach Temporal at {target}: {error}",
+        ),
+        "remote.unreachable.hint": (
+            "先起一个(flower-super cluster up),或查一下地址",
+            "start one (flower-super cluster up), or check the address",
+        ),
+        "remote.failed": (
+            "在集群上的这次尝试没有结果:{why}",
+            "the attempt on the cluster ended without a result: {why}",
+        ),
+    }
+)
+
+ACTIVITY = "flower.attempt"
+#: How long a worker may go without a heartbeat before its attempt goes elsewhere (measured:
+#: the attempt starts on another worker 2.1–3.4 s after its worker was killed or frozen).
+HEARTBEAT_TIMEOUT_S = 3.0
+#: A worker heartbeats this often (a third of the timeout: two lost beats are not a death).
+HEARTBEAT_EVERY_S = 1.0
+#: After an activity ended, how long its last frames may take to arrive.
+LAST_FRAMES_S = 3.0
+#: How long an attempt may wait for a worker, and run, in all.
+SCHEDULE_TO_CLOSE = timedelta(days=2)
+ORDER_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------
+# the placement's address
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Where:
+    """``temporal://HOST:PORT/QUEUE``."""
+
+    target: str
+    queue: str
+
+    @classmethod
+    def parse(cls, url: str) -> Where:
+        text = url.strip()
+        rest = text.removeprefix("temporal://")
+        target, _, queue = rest.partition("/")
+        host, _, port = target.rpartition(":")
+        if rest == text or not host or not port.isdigit() or not queue or "/" in queue:
+            raise FlowerError(t("remote.url", url=url), hint=t("remote.url.hint"))
+        return cls(target, queue)
+
+    def __str__(self) -> str:
+        return f"temporal://{self.target}/{self.queue}"
+
+
+# ---------------------------------------------------------------------------------------
+# what an attempt carries
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Order:
+    """One attempt as a worker gets it: ids and references, nothing secret."""
+
+    id: str  # the activity id
+    run: str  # the supervisor's run id
+    flow: dict[str, Any]  # how to build the flow again (supervisor.worker.flow_of)
+    workspace: str  # the workspace's path on the supervisor's machine
+    workspace_id: str  # its identity: a worker checks it before running anything there
+    run_dir: str  # where step logs go (its path on the supervisor's machine)
+    seat: dict[str, Any]  # the Seat's plain settings
+    call: dict[str, Any]  # StepCall.wire() with the agent as flower.agents.wire.to_wire
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": ORDER_VERSION, **self.__dict__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Order:
+        if data.get("v") != ORDER_VERSION:
+            raise FlowerError(f"an attempt order of version {data.get('v')!r}")
+        names = {"id", "run", "flow", "workspace", "workspace_id", "run_dir", "seat", "call"}
+        missing = sorted(names - set(data))
+        if missing:
+            raise FlowerError(f"an attempt order without {', '.join(missing)}")
+        return cls(**{k: data[k] for k in names})
+
+
+def order_call(call: StepCall) -> dict[str, Any]:
+    """``call`` as an order carries it: its wire, the agent by name and plain fields."""
+    return {**call.wire(), "spec": to_wire(call.spec)}
+
+
+def seat_settings(seat: Seat) -> dict[str, Any]:
+    return {
+        "portable": seat.portable,
+        "spill_threshold": seat.spill_threshold,
+        "no_auto_compact": seat.no_auto_compact,
+        "workbench": str(seat.workbench.root) if seat.workbench is not None else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# the mailbox
+# ---------------------------------------------------------------------------------------
+
+
+def up(activity_id: str) -> str:
+    return f"attempt/{activity_id}/up"
+
+
+def down(activity_id: str) -> str:
+    return f"attempt/{activity_id}/down"
+
+
+class Mailbox:
+    """One attempt's frames, both ways, in the state database's event rows.
+
+    ``send`` is synchronous (one insert; a signal handler may call it). Reading is
+    :meth:`frames`, an async iterator fed by this process's :class:`Pump`.
+    """
+
+    def __init__(self, rows: Any, activity_id: str, pump: Pump) -> None:
+        self.rows, self.id, self.pump = rows, activity_id, pump
+
+    def send(self, key: str, msg: Message) -> bool:
+        try:
+            self.rows.append(key, {"line": encode(msg).decode("utf-8")})
+            return True
+        except (ProtocolError, FlowerError, OSError) as exc:
+            log.warning("%s", t("remote.failed", why=exc))
+            return False
+
+    async def frames(
+        self, key: str, after: int = 0
+    ) -> AsyncGenerator[Message | ProtocolError, None]:
+        queue = self.pump.subscribe(key, after)
+        try:
+            while True:
+                for line in await queue.get():
+                    try:
+                        yield decode(line)
+                    except ProtocolError as exc:
+                        yield exc
+        finally:
+            self.pump.unsubscribe(key, queue)
+
+
+class Pump:
+    """This process's one reader of every mailbox it follows: a thread that reads what is
+    new for each and sleeps on the database's notifications in between (one listening
+    connection for any number of attempts)."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+        self._subs: dict[str, list[tuple[asyncio.Queue[list[str]], list[int]]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def subscribe(self, key: str, after: int) -> asyncio.Queue[list[str]]:
+        self._loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[str]] = asyncio.Queue()
+        with self._lock:
+            self._subs.setdefault(key, []).append((queue, [after]))
+            if self._thread is None:
+                self._stop = False
+                self._thread = threading.Thread(
+                    target=self._run, name="flower-mailbox", daemon=True
+                )
+                self._thread.start()
+        return queue
+
+    def unsubscribe(self, key: str, queue: asyncio.Queue[list[str]]) -> None:
+        with self._lock:
+            subs = [s for s in self._subs.get(key, []) if s[0] is not queue]
+            if subs:
+                self._subs[key] = subs
+            else:
+                self._subs.pop(key, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._subs.clear()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stop or not self._subs:
+                    self._thread = None
+                    return
+                subs = [(k, q, pos) for k, lst in self._subs.items() for q, pos in lst]
+            found = False
+            for key, queue, pos in subs:
+                try:
+                    rows = self.rows.read(key, pos[0])
+                except Exception:  # noqa: BLE001 - the database is away: look again later
+                    time.sleep(0.5)
+                    continue
+                if rows:
+                    found = True
+                    pos[0] = rows[-1][0]
+                    lines = [str(e.get("line", "")) for _, e in rows if isinstance(e, dict)]
+                    if self._loop is not None:
+                        self._loop.call_soon_threadsafe(queue.put_nowait, lines)
+            if not found:
+                with contextlib.suppress(Exception):
+                    self.rows.wait_any(0.5)
+
+
+# ---------------------------------------------------------------------------------------
+# the supervisor's placement
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Remote:
+    """Whatever an interrupt of a remote attempt reaches: its mailbox."""
+
+    mailbox: Mailbox
+
+    async def interrupt(self) -> None:
+        self.mailbox.send(down(self.mailbox.id), Interrupt())
+
+
+@dataclass
+class TemporalPlacement:
+    """Each attempt a Temporal activity on ``where``'s queue; see the module docstring."""
+
+    where: Where
+    state: Any  # the run state (PostgreSQL): the mailboxes are its event rows
+    run_id: str
+    flow: dict[str, Any]
+    ask: Callable[[Ask], Awaitable[str | None]] | None = None
+    store: dict[str, Any] = field(default_factory=dict)  # the Runtime's trim, keep_denials
+    on_placed: Callable[[str, str, dict[str, Any]], None] | None = None
+    on_ended: Callable[[str], None] | None = None
+    adopted: dict[str, str] = field(default_factory=dict)  # label -> a running activity id
+    _sent: dict[str, int] = field(default_factory=dict)
+    _client: Any = None
+    _runtime: Any = None
+    _pump: Pump | None = None
+    _running: dict[str, Mailbox] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if getattr(self.state, "kind", "local") == "local":
+            raise FlowerError(
+                t("remote.local_state", where=getattr(self.state, "where", "")),
+                hint=t("remote.local_state.hint"),
+            )
+
+    async def connect(self) -> None:
+        """Reach Temporal now: a wrong address is one line before any step, not mid-run."""
+        from temporalio.client import Client
+        from temporalio.runtime import Runtime, TelemetryConfig
+
+        if self._client is not None:
+            return
+        self._runtime = Runtime(telemetry=TelemetryConfig())
+        try:
+            self._client = await Client.connect(self.where.target, runtime=self._runtime)
+        except Exception as exc:  # noqa: BLE001 - one line for a person, whatever it was
+            raise FlowerError(
+                t("remote.unreachable", target=self.where.target, error=exc),
+                hint=t("remote.unreachable.hint"),
+            ) from None
+
+    def _mailbox(self, activity_id: str) -> Mailbox:
+        if self._pump is None:
+            self._pump = Pump(self.state.rows.events)
+        return Mailbox(self.state.rows.events, activity_id, self._pump)
+
+    def _next_id(self, call: StepCall) -> str:
+        n = self._sent.get(call.label, 0) + 1
+        self._sent[call.label] = n
+        return f"flower/{self.run_id}/{call.label}/{n}"
+
+    async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
+        from temporalio.common import ActivityIDConflictPolicy, ActivityIDReusePolicy, RetryPolicy
+
+        await self.connect()
+        started = time.time()
+        adopted = self.adopted.pop(call.label, None)
+        activity_id = adopted or self._next_id(call)
+        mailbox = self._mailbox(activity_id)
+        if adopted:
+            handle = self._client.get_activity_handle(activity_id)
+        else:
+            order = Order(
+                id=activity_id,
+                run=self.run_id,
+                flow=self.flow,
+                workspace=str(seat.workspace),
+                workspace_id=self.state.workspace_id,
+                run_dir=str(seat.tmp.parent),
+                seat={**seat_settings(seat), **self.store},
+                call=order_call(call),
+            )
+            handle = await self._client.start_activity(
+                ACTIVITY,
+                order.to_dict(),
+                id=activity_id,
+                task_queue=self.where.queue,
+                schedule_to_close_timeout=SCHEDULE_TO_CLOSE,
+                heartbeat_timeout=timedelta(seconds=HEARTBEAT_TIMEOUT_S),
+                id_reuse_policy=ActivityIDReusePolicy.REJECT_DUPLICATE,
+                id_conflict_policy=ActivityIDConflictPolicy.FAIL,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=0.5),
+                    backoff_coefficient=1.0,
+                    maximum_interval=timedelta(seconds=2),
+                ),
+                summary=f"{call.label} (run {self.run_id})",
+            )
+        self._running[activity_id] = mailbox
+        watch.on_handle(_Remote(mailbox))
+        try:
+            return await self._follow(call, mailbox, handle, watch, started)
+        finally:
+            watch.on_handle(None)
+            self._running.pop(activity_id, None)
+            if self.on_ended is not None:
+                self.on_ended(call.label)
+
+    async def _follow(
+        self, call: StepCall, mailbox: Mailbox, handle: Any, watch: Watch, started: float
+    ) -> StepResult:
+        """Read the attempt's frames to its result; the activity's end settles what the
+        frames could not (it failed for good, or was cancelled)."""
+        done = asyncio.ensure_future(_outcome(handle))
+        frames = mailbox.frames(up(mailbox.id))
+        asking: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                nxt = asyncio.ensure_future(anext(frames))
+                first, _ = await asyncio.wait({nxt, done}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt not in first:
+                    # The activity ended: the frames it wrote before it did are on their way.
+                    try:
+                        item = await asyncio.wait_for(nxt, LAST_FRAMES_S)
+                    except TimeoutError:
+                        return _failed(call, started, t("remote.failed", why=done.result()))
+                else:
+                    item = nxt.result()
+                out = self._take(call, mailbox, item, watch, asking)
+                if out is not None:
+                    return out
+        finally:
+            done.cancel()
+            for task in asking:
+                task.cancel()
+            await frames.aclose()
+
+    def _take(
+        self,
+        call: StepCall,
+        mailbox: Mailbox,
+        item: Message | ProtocolError,
+        watch: Watch,
+        asking: set[asyncio.Task[None]],
+    ) -> StepResult | None:
+        if isinstance(item, Result):
+            return StepResult.from_dict(item.fields)
+        if isinstance(item, Failure):
+            if not item.retryable:
+                raise AttemptCrash(item.kind, item.message, detail=item.cause or "")
+            return _failed(call, time.time(), f"step child failed: {item.kind}: {item.message}")
+        if isinstance(item, Session):
+            watch.on_session(item.session_id)
+        elif isinstance(item, EventMsg):
+            ev = event_of(item)
+            if ev.kind == "placed" and self.on_placed is not None:
+                self.on_placed(call.label, mailbox.id, dict(ev.payload))
+            watch.on_event(ev)
+        elif isinstance(item, Ask):
+
+            async def answer(q: Ask = item) -> None:
+                mailbox.send(down(mailbox.id), await answer_for(q, self.ask))
+
+            task = asyncio.get_running_loop().create_task(answer())
+            asking.add(task)
+            task.add_done_callback(asking.discard)
+        return None
+
+    def prepare(self, calls: Sequence[StepCall], seat: Seat) -> None:
+        """Nothing to get ready here: a worker starts the attempt's CLI when it takes it."""
+
+    async def close(self) -> None:
+        if self._pump is not None:
+            self._pump.close()
+        self._client = None
+        self._runtime = None
+
+    def stop_now(self) -> None:
+        """SIGTERM/SIGHUP, Ctrl-C twice: every running attempt is told to stop (its worker
+        ends its process tree); synchronous, so a signal handler can."""
+        for mailbox in list(self._running.values()):
+            mailbox.send(down(mailbox.id), Shutdown(reason="the supervisor stopped"))
+        self._running.clear()
+
+
+async def _outcome(handle: Any) -> str:
+    """Why the activity ended without a result frame (it waits for the end)."""
+    try:
+        await handle.result()
+    except Exception as exc:  # noqa: BLE001 - said as the attempt's error
+        cause = getattr(exc, "cause", None)
+        return str(cause or exc)
+    return "it returned without a result frame"
+
+
+def _failed(call: StepCall, started: float, error: str) -> StepResult:
+    return StepResult(
+        step=call.label,
+        ok=False,
+        error=error,
+        started_at=started,
+        ended_at=time.time(),
+        attempts=call.attempt,
+    )

@@ -1,0 +1,486 @@
+"""``flower-super worker``: runs the attempts a supervisor placed on a Temporal task queue.
+
+A worker is the supervisor's fork placement (:class:`supervisor.placement.Forked`) behind a
+Temporal activity: each attempt runs in a forked step child exactly as on the supervisor's
+machine — the same isolation, hooks, tool ledger and process-tree cleanup — with what the
+child says relayed to the supervisor through the attempt's mailbox
+(:mod:`supervisor.remote`), and what the supervisor says (an interrupt, an answer,
+``shutdown``) relayed back.
+
+Before it runs anything it loads the flow the attempt names and checks the workspace: it must
+be reachable here (the same path, or ``--map FROM=TO``) and carry the identity the attempt
+was placed with. An attempt it cannot run goes back to the queue with one line on its
+terminal, never runs in the wrong directory.
+
+A second try of the same attempt (its first worker died or froze) continues the attempt's
+own session from PostgreSQL: the session its first try reported in the mailbox, resumed
+with the neutral resume prompt; the ledger gives finished tool calls their results, and the
+new attempt's epoch fences the old one out. When the old worker wakes, Temporal cancels its
+activity and the worker ends its child's whole tree; if the child writes first, the
+database refuses it and the child ends its own tree (``flower.state.ledger.when_superseded``).
+
+Credentials come from this machine (the same lookup order as ``flower``); the state from
+``--state`` or ``FLOWER_STATE`` and must be PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from flower import FlowerError
+from flower.agents.wire import from_wire
+from flower.i18n import define, t
+from flower.state.result import Event, StepResult, jsonable
+from flower.step.call import StepCall
+from flower.step.placement import Seat, Watch
+from ipc import Answer, Ask, EventMsg, Interrupt, Result, Session, Shutdown, decode
+
+from .placement import Forked
+from .remote import (
+    ACTIVITY,
+    HEARTBEAT_EVERY_S,
+    Mailbox,
+    Order,
+    Pump,
+    down,
+    up,
+)
+
+log = logging.getLogger("flower.supervisor")
+
+define(
+    {
+        "worker.ready": (
+            "-- worker {name} 在 {target} 的队列 {queue} 上等活(一次最多 {slots} 个)· 状态 {state}",
+            "-- worker {name} takes attempts from queue {queue} at {target} ({slots} at once) "
+            "· state {state}",
+        ),
+        "worker.took": (
+            "> {label}  (run {run},第 {attempt} 次派发)",
+            "> {label}  (run {run}, dispatch try {attempt})",
+        ),
+        "worker.done": ("+ {label}  {outcome}", "+ {label}  {outcome}"),
+        "worker.stopped": (
+            "x {label}  停了:supervisor 叫停,或者租约没了(别的 worker 接手了);进程树已结束",
+            "x {label}  stopped: its supervisor said so, or its lease is gone (another worker "
+            "took it over); its process tree is ended",
+        ),
+        "worker.refused": (
+            "! {label} 还回队列:{why}",
+            "! {label} goes back to the queue: {why}",
+        ),
+        "worker.no_workspace": (
+            "这台机器上没有工作区 {path}(用 --map FROM=TO 把它映射过来)",
+            "the workspace {path} is not on this machine (map it with --map FROM=TO)",
+        ),
+        "worker.wrong_workspace": (
+            "{path} 不是派活的那个工作区(身份 {found},要的是 {want})",
+            "{path} is not the workspace the attempt came from (identity {found}, expected {want})",
+        ),
+        "worker.no_flow": (
+            "加载不了流程 {ref}:{why}",
+            "cannot load the flow {ref}: {why}",
+        ),
+        "worker.local_state": (
+            "worker 需要 PostgreSQL 里的运行状态(--state 或 FLOWER_STATE),不能用本地文件",
+            "a worker needs the run state in PostgreSQL (--state or FLOWER_STATE), not local files",
+        ),
+        "worker.local_state.hint": (
+            "和 supervisor 用同一个 postgresql://… 地址",
+            "use the same postgresql://… URL as the supervisor",
+        ),
+        "worker.stopping": (
+            "-- 收到 {sig}:跑完手上的 {n} 个再退出(再来一次就交还给队列)",
+            "-- {sig}: finishing the {n} running, then exiting (again: hand them back)",
+        ),
+        "worker.map": (
+            "--map 要写成 FROM=TO(两个绝对路径),不是 {text}",
+            "--map must be FROM=TO (two absolute paths), not {text}",
+        ),
+    }
+)
+
+
+@dataclass
+class WorkerConfig:
+    target: str
+    queue: str
+    slots: int
+    state: str | None  # --state; None: $FLOWER_STATE
+    maps: list[tuple[str, str]] = field(default_factory=list)
+    name: str = ""
+
+
+def parse_map(text: str) -> tuple[str, str]:
+    src, sep, dst = text.partition("=")
+    if not sep or not os.path.isabs(src) or not os.path.isabs(dst):
+        raise FlowerError(t("worker.map", text=text))
+    return os.path.normpath(src), os.path.normpath(dst)
+
+
+class Attempts:
+    """What one worker process keeps between attempts: the flows it loaded, the run states
+    of the workspaces it served, and the mailbox reader."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self._states: dict[tuple[str, str], Any] = {}
+        self._stores: dict[tuple[str, str, bool, int], Any] = {}
+        self._flows: dict[str, Any] = {}
+        self._pump: Pump | None = None
+        self.running = 0
+
+    # -- where -------------------------------------------------------------------------
+
+    def here(self, path: str) -> Path:
+        """``path`` on this machine, through ``--map``."""
+        norm = os.path.normpath(path)
+        for src, dst in self.cfg.maps:
+            if norm == src or norm.startswith(src + os.sep):
+                return Path(dst + norm[len(src) :])
+        return Path(norm)
+
+    def check_workspace(self, order: Order) -> tuple[Path, str]:
+        """The workspace here, or why not ("" when fine)."""
+        from flower.state.identity import read_identity, workspace_id
+
+        ws = self.here(order.workspace)
+        if not ws.is_dir():
+            return ws, t("worker.no_workspace", path=ws)
+        found = read_identity(ws) or workspace_id(ws, create=False)
+        if found != order.workspace_id:
+            return ws, t("worker.wrong_workspace", path=ws, found=found, want=order.workspace_id)
+        return ws, ""
+
+    def state_for(self, ws: Path, run_dir: Path) -> Any:
+        from flower.state.backends import open_state
+
+        key = (str(ws), str(run_dir))
+        if key not in self._states:
+            self._states[key] = open_state(
+                self.cfg.state, run_dir=run_dir, workspace=ws, create=False
+            )
+        return self._states[key]
+
+    def store_for(self, state: Any, ws: Path, seat: dict[str, Any]) -> Any:
+        from flower.state.stores import layered
+
+        trim, keep = bool(seat.get("trim")), int(seat.get("keep_denials") or 1)
+        key = (str(ws), state.where, trim, keep)
+        if key not in self._stores:
+            self._stores[key] = layered(
+                state.sessions, state.ledger, workspace=ws, trim=trim, keep_denials=keep
+            )
+        return self._stores[key]
+
+    def flow_for(self, recipe: dict[str, Any], ws: Path, run_dir: Path) -> Any:
+        """Build the flow the attempt came from (its specs are what the order names)."""
+        from .flows import load_flow
+
+        key = repr(sorted(recipe.items())) + str(ws)
+        if key in self._flows:
+            return self._flows[key]
+        try:
+            if recipe.get("kind") == "starter":
+                from flower.workflow.starter import starter_flow
+
+                options = dict(recipe.get("options") or {})
+                wf = starter_flow(
+                    str(recipe.get("ask") or ""),
+                    workspace=ws,
+                    run_dir=run_dir,
+                    new=False,
+                    **options,
+                )
+            else:
+                ref = str(recipe.get("ref"))
+                target, _, attr = ref.rpartition(":")
+                if target.endswith(".py") or "/" in target:  # a file: where it is here
+                    ref = f"{self.here(target)}:{attr}"
+                wf = load_flow(ref, str(recipe.get("ask") or ""))
+        except (FlowerError, ValueError) as exc:
+            why = t("worker.no_flow", ref=recipe.get("ref") or "starter", why=exc)
+            raise FlowerError(why) from None
+        self._flows[key] = wf
+        return wf
+
+    def mailbox(self, state: Any, activity_id: str) -> Mailbox:
+        if self._pump is None:
+            self._pump = Pump(state.rows.events)
+        return Mailbox(state.rows.events, activity_id, self._pump)
+
+    # -- the activity ------------------------------------------------------------------
+
+    async def run(self, order_data: dict[str, Any]) -> dict[str, Any]:
+        from temporalio import activity
+        from temporalio.exceptions import ApplicationError
+
+        info = activity.info()
+        order = Order.from_dict(order_data)
+        label = str(order.call.get("label"))
+        ws, problem = self.check_workspace(order)
+        run_dir = self.here(order.run_dir)
+        if not problem:
+            try:
+                self.flow_for(order.flow, ws, run_dir)
+                spec = from_wire(dict(order.call["spec"]))
+            except FlowerError as exc:
+                problem = exc.message
+        if problem:
+            say(t("worker.refused", label=label, why=problem))
+            await asyncio.sleep(1.0)  # give another worker the next try
+            raise ApplicationError(problem, type="NotHere")
+        state = self.state_for(ws, run_dir)
+        mailbox = self.mailbox(state, order.id)
+        call = _call_of(order, spec)
+        if info.attempt > 1:  # a takeover: continue what the first try started
+            sid = _reported_session(mailbox)
+            if sid:
+                from flower.step.resilience import Resilience
+
+                call = call.attempting(
+                    resume=sid, fork=False, resume_at=None, prompt=Resilience().resume_prompt
+                )
+        say(t("worker.took", label=label, run=order.run, attempt=info.attempt))
+        mailbox.send(
+            up(order.id),
+            EventMsg(
+                kind="placed",
+                step=label,
+                payload={
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "worker": self.cfg.name,
+                    "try": info.attempt,
+                },
+                text="",
+                tool="",
+            ),
+        )
+        seat = Seat(
+            workspace=ws,
+            store=self.store_for(state, ws, order.seat),
+            portable=bool(order.seat.get("portable", True)),
+            logs=run_dir / "logs" / order.run,
+            tmp=run_dir / "tmp",
+            workbench=_workbench(self.here, order.seat.get("workbench"), ws),
+            spill_threshold=order.seat.get("spill_threshold"),
+            no_auto_compact=bool(order.seat.get("no_auto_compact")),
+        )
+        self.running += 1
+        try:
+            result = await self._attempt(call, seat, mailbox, order.id)
+        finally:
+            self.running -= 1
+        mailbox.send(up(order.id), Result(fields=dict(jsonable(result.to_dict()))))
+        say(t("worker.done", label=label, outcome="ok" if result.ok else (result.error or "")))
+        return dict(jsonable(result.to_dict()))
+
+    async def _attempt(
+        self, call: StepCall, seat: Seat, mailbox: Mailbox, activity_id: str
+    ) -> StepResult:
+        from temporalio import activity
+
+        answers: dict[str, asyncio.Future[str | None]] = {}
+        handles: list[Any] = [None]
+
+        async def relay(question: Ask) -> str | None:
+            waiting = asyncio.get_running_loop().create_future()
+            answers[question.id] = waiting
+            mailbox.send(up(activity_id), question)
+            try:
+                text: str | None = await waiting
+                return text
+            finally:
+                answers.pop(question.id, None)
+
+        forked = Forked(relay=relay)
+
+        def on_session(sid: str) -> None:
+            mailbox.send(up(activity_id), Session(label=call.label, step=call.step, session_id=sid))
+
+        def on_event(ev: Event) -> None:
+            mailbox.send(up(activity_id), _frame(ev))
+
+        watch = Watch(
+            on_session=on_session,
+            on_event=on_event,
+            on_handle=lambda h: handles.__setitem__(0, h),
+        )
+        work = asyncio.ensure_future(forked.attempt(call, seat, watch))
+
+        async def listen() -> None:
+            async for item in mailbox.frames(down(activity_id)):
+                if isinstance(item, Interrupt) and handles[0] is not None:
+                    await handles[0].interrupt()
+                elif isinstance(item, Answer):
+                    waiting = answers.get(item.id)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(item.text if item.state == "answered" else None)
+                elif isinstance(item, Shutdown):
+                    work.cancel()
+
+        async def beat() -> None:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(HEARTBEAT_EVERY_S)
+
+        helpers = [asyncio.ensure_future(listen()), asyncio.ensure_future(beat())]
+        try:
+            return await work
+        except asyncio.CancelledError:
+            # Cancelled by the supervisor, told to shut down, or our lease is gone (we were
+            # frozen and Temporal gave the attempt to another worker): the child's whole
+            # tree ends now, nothing more is written or sent.
+            forked.stop_now()
+            say(t("worker.stopped", label=call.label))
+            raise
+        finally:
+            for task in helpers:
+                task.cancel()
+            await forked.close()
+
+
+def _call_of(order: Order, spec: Any) -> StepCall:
+    c = order.call
+    return StepCall(
+        spec=spec,
+        prompt=str(c["prompt"]),
+        label=str(c["label"]),
+        resume=c.get("resume"),
+        fork=bool(c.get("fork")),
+        resume_at=c.get("resume_at"),
+        attempt=int(c.get("attempt") or 1),
+        stop_at=c.get("stop_at"),
+        headroom=c.get("headroom"),
+    )
+
+
+def _reported_session(mailbox: Mailbox) -> str | None:
+    """The session the attempt's earlier try reported (its last ``session`` frame)."""
+    sid = None
+    for _, event in mailbox.rows.read(up(mailbox.id), 0):
+        with contextlib.suppress(Exception):
+            item = decode(str(event.get("line", "")))
+            if isinstance(item, Session):
+                sid = item.session_id
+    return sid
+
+
+def _frame(ev: Event) -> EventMsg:
+    return EventMsg(
+        kind=ev.kind, step=ev.step, payload=jsonable(ev.payload), text=ev.text, tool=ev.tool
+    )
+
+
+def _workbench(here: Any, home: str | None, ws: Path) -> Any:
+    if not home:
+        return None
+    from flower.agents.workbench import Workbench
+
+    wb = Workbench(ws, home=here(home))
+    wb.ensure()
+    return wb
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# the process
+# ---------------------------------------------------------------------------------------
+
+
+def run_worker(cfg: WorkerConfig) -> int:
+    """Serve attempts until SIGTERM/SIGINT (the first finishes what runs, the second hands
+    it back). Returns the exit status."""
+    from flower.people.credentials import load_dotenv
+    from flower.state.backends import open_state
+    from flower.step.attempt import preload
+    from flower.step.proctree import PROCS
+    from flower.testing.temporal import run_on_own_runtime
+
+    load_dotenv()
+    # Temporal logs a cancelled or refused attempt with its traceback; the worker says one
+    # line of its own for each instead.
+    logging.getLogger("temporalio").setLevel(logging.ERROR)
+    probe = open_state(cfg.state, run_dir=Path.cwd() / "runs", workspace=Path.cwd(), create=False)
+    if probe.kind == "local":
+        raise FlowerError(t("worker.local_state"), hint=t("worker.local_state.hint"))
+    where = probe.where
+    probe.close()
+    preload()  # the SDK and what an attempt imports, once: every child is forked from here
+    PROCS.become_subreaper()
+    cfg.name = cfg.name or f"{socket.gethostname()}:{os.getpid()}"
+
+    async def main(runtime: Any) -> int:
+        from temporalio.client import Client
+        from temporalio.worker import Worker
+
+        try:
+            client = await Client.connect(cfg.target, runtime=runtime)
+        except Exception as exc:  # noqa: BLE001 - one line for a person
+            raise FlowerError(
+                t("remote.unreachable", target=cfg.target, error=exc),
+                hint=t("remote.unreachable.hint"),
+            ) from None
+        attempts = Attempts(cfg)
+
+        from temporalio import activity
+
+        @activity.defn(name=ACTIVITY)
+        async def attempt(order: dict[str, Any]) -> dict[str, Any]:
+            return await attempts.run(order)
+
+        worker = Worker(
+            client,
+            task_queue=cfg.queue,
+            activities=[attempt],
+            max_concurrent_activities=cfg.slots,
+            # a cancel (the supervisor's, or our lost lease) reaches a running attempt fast
+            max_heartbeat_throttle_interval=timedelta(seconds=0.3),
+            default_heartbeat_throttle_interval=timedelta(seconds=0.3),
+            graceful_shutdown_timeout=timedelta(hours=1),
+        )
+        loop = asyncio.get_running_loop()
+        stopping: list[int] = []
+        stopping_task: list[asyncio.Task[None]] = []
+
+        def on_signal(sig: int) -> None:
+            stopping.append(sig)
+            if len(stopping) == 1:
+                say(t("worker.stopping", sig=signal.Signals(sig).name, n=attempts.running))
+                stopping_task.append(loop.create_task(worker.shutdown()))
+            else:  # again: hand what runs back to the queue now
+                os._exit(128 + sig)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        say(
+            t(
+                "worker.ready",
+                name=cfg.name,
+                target=cfg.target,
+                queue=cfg.queue,
+                slots=cfg.slots,
+                state=where,
+            )
+        )
+        await worker.run()
+        return 0
+
+    try:
+        return run_on_own_runtime(main)
+    finally:
+        sys.stdout.flush()
