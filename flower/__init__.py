@@ -23,10 +23,8 @@ from ._errors import FlowerError as FlowerError
 from ._errors import RunDirBusy as RunDirBusy
 
 if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ below loads them
-    from .core.agent import AgentSpec, CompactPolicy, build_options, merge_hooks
-    from .core.credentials import CredentialsError as CredentialsError
-    from .core.events import normalize
-    from .core.guard import (
+    from .agents.agent import AgentSpec, CompactPolicy, build_options, merge_hooks
+    from .agents.guard import (
         delegate_guard,
         index_guard,
         isolate_guard,
@@ -36,13 +34,7 @@ if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ below lo
         whitelist_guard,
         workbench_hooks,
     )
-    from .core.human import Ask, HumanChannel
-    from .core.lineage import Lineage
-    from .core.manifest import Manifest as Manifest
-    from .core.manifest import read_manifest as read_manifest
-    from .core.resilience import Resilience, classify, endpoint, reachable
-    from .core.result import Event, StepResult
-    from .core.roles import (
+    from .agents.roles import (
         CLARIFIER_RULES,
         COORDINATOR_RULES,
         JUDGE_RULES,
@@ -54,13 +46,21 @@ if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ below lo
         oracle,
         worker,
     )
-    from .core.runtime import Runtime
-    from .core.window import HandoffPolicy, default_window
-    from .core.workbench import Workbench
+    from .agents.workbench import Workbench
     from .docs import Brief, Goal, Handoff, Verdict
-    from .stores.prune import PrunePolicy, PruningSessionStore
-    from .stores.sqlite import SqliteSessionStore
-    from .stores.trim import EphemeralPolicy, TrimmingSessionStore, TrimPolicy, trim_report
+    from .people.credentials import CredentialsError as CredentialsError
+    from .people.human import Ask, HumanChannel
+    from .state.lineage import Lineage
+    from .state.manifest import Manifest as Manifest
+    from .state.manifest import read_manifest as read_manifest
+    from .state.prune import PrunePolicy, PruningSessionStore
+    from .state.result import Event, StepResult
+    from .state.sqlite import SqliteSessionStore
+    from .state.trim import EphemeralPolicy, TrimmingSessionStore, TrimPolicy, trim_report
+    from .step.events import normalize
+    from .step.resilience import Resilience, classify, endpoint, reachable
+    from .step.runtime import Runtime
+    from .step.window import HandoffPolicy, default_window
     from .util.ephemeral import is_ephemeral
     from .workflow import (
         BRIEF_KEY,
@@ -86,10 +86,10 @@ __version__ = "0.1.0"
 # Where each lazy name lives; the block above says the same to mypy, and
 # tests/test_light_imports.py checks that the two agree.
 _SOURCES: dict[str, tuple[str, ...]] = {
-    ".core.agent": ("AgentSpec", "CompactPolicy", "build_options", "merge_hooks"),
-    ".core.credentials": ("CredentialsError",),
-    ".core.events": ("normalize",),
-    ".core.guard": (
+    ".agents.agent": ("AgentSpec", "CompactPolicy", "build_options", "merge_hooks"),
+    ".people.credentials": ("CredentialsError",),
+    ".step.events": ("normalize",),
+    ".agents.guard": (
         "delegate_guard",
         "index_guard",
         "isolate_guard",
@@ -99,14 +99,14 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "whitelist_guard",
         "workbench_hooks",
     ),
-    ".core.human": ("Ask", "HumanChannel"),
-    ".core.lineage": ("Lineage",),
-    ".core.manifest": ("Manifest", "read_manifest"),
+    ".people.human": ("Ask", "HumanChannel"),
+    ".state.lineage": ("Lineage",),
+    ".state.manifest": ("Manifest", "read_manifest"),
     ".workflow.memo": ("Cache",),  # issue 11's API, outside seed 003's __all__
     ".workflow.base": ("MapStep",),
-    ".core.resilience": ("Resilience", "classify", "endpoint", "reachable"),
-    ".core.result": ("Event", "StepResult"),
-    ".core.roles": (
+    ".step.resilience": ("Resilience", "classify", "endpoint", "reachable"),
+    ".state.result": ("Event", "StepResult"),
+    ".agents.roles": (
         "CLARIFIER_RULES",
         "COORDINATOR_RULES",
         "JUDGE_RULES",
@@ -118,13 +118,13 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "oracle",
         "worker",
     ),
-    ".core.runtime": ("Runtime",),
-    ".core.window": ("HandoffPolicy", "default_window"),
-    ".core.workbench": ("Workbench",),
+    ".step.runtime": ("Runtime",),
+    ".step.window": ("HandoffPolicy", "default_window"),
+    ".agents.workbench": ("Workbench",),
     ".docs": ("Brief", "Goal", "Handoff", "Verdict"),
-    ".stores.prune": ("PrunePolicy", "PruningSessionStore"),
-    ".stores.sqlite": ("SqliteSessionStore",),
-    ".stores.trim": ("EphemeralPolicy", "TrimmingSessionStore", "TrimPolicy", "trim_report"),
+    ".state.prune": ("PrunePolicy", "PruningSessionStore"),
+    ".state.sqlite": ("SqliteSessionStore",),
+    ".state.trim": ("EphemeralPolicy", "TrimmingSessionStore", "TrimPolicy", "trim_report"),
     ".util.ephemeral": ("is_ephemeral",),
     ".workflow": (
         "BRIEF_KEY",

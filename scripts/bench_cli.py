@@ -43,17 +43,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flower.core.lineage import Lineage
-from flower.core.manifest import Manifest
-from flower.core.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
-from flower.core.result import Event, StepResult
-from supervisor.eventlog import EventLog
+from flower.state.eventlog import EventLog
+from flower.state.lineage import Lineage
+from flower.state.manifest import Manifest
+from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
+from flower.state.result import Event, StepResult
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 3.0
 SDK = "claude_agent_sdk"
 # Loaded by the SDK or by what runs a step; a light command has no use for them either.
-HEAVY = (SDK, "anyio", "flower.stores.sqlite")
+HEAVY = (SDK, "anyio", "flower.state.sqlite")
 STEPS = ("确认需求", "设定目标", "干活")
 MISSING = -1  # exit status stand-in: the console script or subcommand does not exist
 
@@ -180,7 +180,7 @@ async def _store_sessions(db: Path, workspace: Path, session_ids: Iterable[str])
     """A few transcript entries per session in a real store (this imports the SDK, here only)."""
     from claude_agent_sdk import project_key_for_directory
 
-    from flower.stores.sqlite import SqliteSessionStore
+    from flower.state.sqlite import SqliteSessionStore
 
     store = SqliteSessionStore(db)
     project = project_key_for_directory(workspace)

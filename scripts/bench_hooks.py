@@ -8,7 +8,7 @@ run where the attempt runs in every placement, so a step child pays the same):
 - empty: the same with two hooks that do nothing (one ``PreToolUse``, one ``PostToolUse``,
   every tool): what the CLI's control round trips alone cost, the floor of any hook layer
   that sees every call before and after it runs;
-- flower: the options a Runtime's attempt gets (``flower.core.attempt.options_for``): the
+- flower: the options a Runtime's attempt gets (``flower.step.attempt.options_for``): the
   whitelist guard, the workbench's index and spill guards, and the tool ledger (its
   ``PreToolUse`` records the start and the message that asked for the call, its
   ``PostToolUse`` commits the result), folded into one matcher per event. A coordinator's
@@ -89,8 +89,8 @@ def cycles(server: ModelServer, since: int) -> list[float]:
 def spans(rt: Any, sid: str) -> list[float]:
     """Each call's span inside the CLI: from its ``tool_use`` entry to its ``tool_result``
     entry (the CLI's own millisecond timestamps): the hooks, the tool, no model request."""
-    from flower.stores.ledger import timestamp_epoch
-    from flower.stores.trim import tool_results, tool_uses
+    from flower.state.ledger import timestamp_epoch
+    from flower.state.trim import tool_results, tool_uses
 
     entries = rt.store.load_sync({"project_key": rt.project_key, "session_id": sid}) or []
     asked: dict[str, float] = {}
@@ -133,8 +133,8 @@ def empty_options(rt: Any) -> Any:
 
 def flower_options(rt: Any) -> Any:
     from flower import AgentSpec
-    from flower.core.attempt import options_for
-    from flower.core.call import StepCall
+    from flower.step.attempt import options_for
+    from flower.step.call import StepCall
 
     spec = AgentSpec("bench", "bench", allowed_tools=["Bash"], permission_mode="acceptEdits")
     return options_for(StepCall(spec, "", "bench"), rt.seat)

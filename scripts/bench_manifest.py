@@ -24,8 +24,8 @@ from typing import Any
 
 from filelock import FileLock
 
-from flower.core.manifest import MANIFEST_NAME, Manifest, manifest_row
-from flower.core.result import StepResult
+from flower.state.manifest import MANIFEST_NAME, Manifest, manifest_row
+from flower.state.result import StepResult
 from flower.util.fsutil import atomic_write_text, private_dir
 
 _TEXT = (

@@ -48,7 +48,7 @@ class Counting:
     """A placement that counts the attempts it is given (and runs them in-process)."""
 
     def __init__(self) -> None:
-        from flower.core.inprocess import InProcess
+        from flower.step.inprocess import InProcess
 
         self.inner = InProcess()
         self.attempts = 0

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from flower.stores.sqlite import SqliteSessionStore
+from flower.state.sqlite import SqliteSessionStore
 
 ENTRY_BYTES = 2048
 

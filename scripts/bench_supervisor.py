@@ -40,7 +40,7 @@ from flower.testing.model_server import ModelServer  # noqa: E402
 
 FLOW_SRC = """
 import os
-from flower.core.agent import AgentSpec
+from flower.agents.agent import AgentSpec
 from flower.workflow import Step, Workflow
 spec = AgentSpec(name="bench", instructions="answer briefly", allowed_tools=[])
 N = int(os.environ["BENCH_STEPS"])

@@ -47,6 +47,11 @@ WEIGHT = {
     "test_e2e_handoff.py": 19,
     "test_e2e_share.py": 18,
     "test_e2e_ctrlc.py": 15,
+    # PostgreSQL: a database per test (CREATE DATABASE), a server of their own (outage)
+    "test_pg_outage.py": 40,
+    "test_pg_store.py": 30,
+    "test_pg_rows.py": 20,
+    "test_pg_server.py": 15,
 }
 DEFAULT_E2E_WEIGHT = 20
 # pytest's last line: "3 passed, 1 skipped in 4.20s" (-q) or "=== 1 failed, 2 passed in … ===".

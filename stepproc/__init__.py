@@ -5,6 +5,6 @@ everything about forking, watching and reaping children lives with the parent, i
 ``supervisor/``.
 """
 
-from .child import ChildSetup, child_main
+from stepproc.child import ChildSetup, child_main
 
 __all__ = ["ChildSetup", "child_main"]

@@ -8,7 +8,7 @@ of time (a *prepared* child) only has the prompt left to send. It talks only ove
 pipe descriptors: its stdout/stderr go to the step's log file, so a stray print cannot break
 the protocol.
 
-The attempt is flower's one attempt (:class:`flower.core.attempt.SdkAttempt`); retries,
+The attempt is flower's one attempt (:class:`flower.step.attempt.SdkAttempt`); retries,
 backoff, interrupts and handoffs are the supervisor's step loop, not the child's.
 
 Its whole tree (the CLI, the tool shells) dies with it: it is its own process group and a
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower.core.attempt import Closer, SdkAttempt, crash_of
-from flower.core.call import StepCall
-from flower.core.human import set_relay
-from flower.core.interrupts import Interrupts
-from flower.core.placement import Seat, Watch
-from flower.core.proctree import PROCS
-from flower.core.result import Event, jsonable
+from flower.people.human import set_relay
+from flower.state.result import Event, jsonable
+from flower.step.attempt import Closer, SdkAttempt, crash_of
+from flower.step.call import StepCall
+from flower.step.interrupts import Interrupts
+from flower.step.placement import Seat, Watch
+from flower.step.proctree import PROCS
 from flower.util.fsutil import open_private, private_dir
 from ipc import (
     Answer,

@@ -1,5 +1,5 @@
 """``python -m supervisor`` is ``flower-super``."""
 
-from .cli import main
+from supervisor.cli import main
 
 main()

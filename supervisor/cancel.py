@@ -10,14 +10,13 @@ names, is one line and exit status 2.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from flower import FlowerError
-from flower.core.registry import FlowerRecord, Registry, is_alive
 from flower.i18n import define, t
+from flower.state.registry import FlowerRecord, Registry, is_alive
 
 define(
     {
@@ -65,7 +64,7 @@ define(
 STOP_WAIT_S = 30.0  # the handler writes one row and stops the children: well under a second
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # unused, and ~0.2 ms of start-up each
 class Cancelled:
     record: FlowerRecord
     stopped: bool  # the process is gone (False: still there after STOP_WAIT_S)
@@ -91,6 +90,8 @@ def find_run(run_dir: Path, run: str) -> FlowerRecord:
 
 def cancel(run_dir: Path, run: str, *, wait_s: float = STOP_WAIT_S) -> Cancelled:
     """SIGTERM the live flower ``run`` names and wait for it to go."""
+    import signal  # only to send it: show and logs import this module for find_run
+
     record = find_run(run_dir, run)
     if record.state != "running" or not record.alive:
         raise FlowerError(

@@ -1,7 +1,9 @@
 """``flower-super``: start a flow under a supervisor, look at a run_dir, try it offline.
 
 Every mistake a person can make ends in one line and a hint (exit status 2), never a
-traceback.
+traceback. Every text it prints is in the person's language: its own help through the
+catalogue, and click's own words (``Usage:``, ``Error: No such option …``) through click's
+gettext hook, answered from the catalogue (:func:`flower.i18n.gettext_for`).
 """
 
 from __future__ import annotations
@@ -10,9 +12,65 @@ import sys
 from pathlib import Path
 
 import click
+import click.core
+import click.decorators
+import click.exceptions
+import click.formatting
+import click.parser
+import click.types
 
 from flower import FlowerError, __version__
-from flower.i18n import define, t
+from flower.i18n import define, gettext_for, t
+
+# click's own words (its gettext message ids) that a person of flower-super can meet.
+CLICK_WORDS = {
+    "Usage:": "用法:",
+    "Options": "选项",
+    "Commands": "子命令",
+    "Positional arguments": "参数",
+    "Show this message and exit.": "显示这段帮助然后退出。",
+    "Show the version and exit.": "显示版本然后退出。",
+    "default: {default}": "默认:{default}",
+    "Error: {message}": "错误:{message}",
+    "Try '{command} {option}' for help.": "用 '{command} {option}' 看帮助。",
+    "No such option {name!r}.": "没有 {name!r} 这个选项。",
+    "No such command {name!r}.": "没有 {name!r} 这个子命令。",
+    "Did you mean {possibility}?": "是不是想写 {possibility}?",
+    "(Did you mean one of: {possibilities}?)": "(是不是想写其中一个:{possibilities}?)",
+    "Missing argument": "缺了参数",
+    "Missing option": "缺了选项",
+    "Missing parameter": "缺了参数",
+    "Missing command.": "缺了子命令。",
+    "Option {name!r} requires an argument.": "选项 {name!r} 后面要跟一个值。",
+    "Option {name!r} requires {nargs} arguments.": "选项 {name!r} 后面要跟 {nargs} 个值。",
+    "Option {name!r} does not take a value.": "选项 {name!r} 不带值。",
+    "Got unexpected extra argument ({args})": "多出来一个参数({args})",
+    "Got unexpected extra arguments ({args})": "多出来几个参数({args})",
+    "Invalid value for {param_hint}: {message}": "{param_hint} 的值不对:{message}",
+    "Invalid value: {message}": "值不对:{message}",
+    "{value!r} is not a valid {number_type}.": "{value!r} 不是合法的 {number_type}。",
+    "{name} {filename!r} does not exist.": "{name} {filename!r} 不存在。",
+    "{name} {filename!r} is a file.": "{name} {filename!r} 是文件。",
+    "{name} {filename!r} is a directory.": "{name} {filename!r} 是目录。",
+    "file": "文件",
+    "directory": "目录",
+    "path": "路径",
+    "Aborted!": "已中止!",
+}
+define({f"click:{en}": (zh, en) for en, zh in CLICK_WORDS.items()})
+_gettext, _ngettext = gettext_for("click:")
+for _module in (
+    click.core,
+    click.decorators,
+    click.exceptions,
+    click.formatting,
+    click.parser,
+    click.types,
+):  # each looks its `_` and `ngettext` up as module globals, at the moment it words a text
+    if hasattr(_module, "_"):
+        _module._ = _gettext  # type: ignore[attr-defined]
+    if hasattr(_module, "ngettext"):
+        _module.ngettext = _ngettext  # type: ignore[attr-defined]
 
 define(
     {
@@ -27,14 +85,210 @@ define(
             "pass -r with a directory (it is created if missing), e.g. -r runs",
         ),
         "cli.not_dir": ("工作区 {ws} 不是目录", "workspace {ws} is not a directory"),
-        "cli.verified": ("流程 '{flow}' 没问题:{n} 个步骤", "flow '{flow}' is valid: {n} steps"),
-        "cli.not_dir.hint": ("先建好它,或者用 -w 指定目录", "create it first or pass -w DIR"),
+        "cli.verified": (
+            "流程 '{flow}' 没问题:{n} 个步骤",
+            "flow '{flow}' is valid: {n} {n|step|steps}",
+        ),
+        "cli.not_dir.hint": (
+            "-w 给一个目录(没有会建)",
+            "pass -w with a directory (it is created if missing)",
+        ),
+        "cli.ws_failed": ("建不了工作区 {ws}:{error}", "cannot create workspace {ws}: {error}"),
+        # flower-super's help, command by command (click prints \b paragraphs as written)
+        "super.help": (
+            "flower-super:跑 flower 的流程,每个步骤一个受监管的子进程。\n\n"
+            "在同一个目录再跑一次,它就接着同一段对话:不管上次是跑完了、被 Ctrl-C、"
+            "收到 SIGTERM/SIGHUP、被 kill -9,还是机器重启了。",
+            "flower-super: run flower workflows with one supervised child process per step.\n\n"
+            "Run it again in the same directory and it carries on the same conversation, "
+            "whether the last run finished, was Ctrl-C'd, got SIGTERM/SIGHUP, was kill -9'd "
+            "or the machine rebooted.",
+        ),
+        "super.help.run_dir": (
+            "放 lineage.json、manifest.json、sessions.db 的运行目录(默认 ./runs,相对当前目录)",
+            "run directory holding lineage.json, manifest.json, sessions.db (default ./runs, "
+            "relative to the current directory)",
+        ),
+        "super.help.flow": (
+            "要跑的你自己的 Workflow(默认:起步流程 确认需求 → 设定目标 → 干活);"
+            'ASK 以 ctx["_ask"] 交给它,或作为可调用 ATTR 的参数',
+            "your own Workflow to run (default: the starter flow 确认需求 → 设定目标 → 干活); "
+            'ASK reaches it as ctx["_ask"], or as the argument of a callable ATTR',
+        ),
+        "super.help.workspace": (
+            "agent 干活的目录(默认当前目录;没有就建)",
+            "the directory the agents work in (default: the current directory; created if missing)",
+        ),
+        "super.help.new": (
+            "不接着上次:把 lineage.json、需求.md、目标.md 归档,重开一件事",
+            "do not continue last time: archive lineage.json, 需求.md, 目标.md and start a new "
+            "thing",
+        ),
+        "super.help.no_trim": (
+            "续跑时不裁剪旧的大工具结果(这里默认裁剪)",
+            "do not trim large old tool results when resuming (trimming is on by default here)",
+        ),
+        "super.help.rounds": (
+            "起步流程:干活的总轮数(每轮由新会话里的判定者判一次);0 和 1 都是一轮",
+            "starter flow: work rounds in all (each judged in a fresh session); 0 and 1 mean one",
+        ),
+        "super.help.timeout": (
+            "起步流程:提问等你多少秒;0(或负数)= 全自动,提问立刻落空,由它自己判断",
+            "starter flow: how long a question waits for you; 0 (or less) = unattended, every "
+            "question falls through at once and the agent decides",
+        ),
+        "super.help.no_goal": (
+            "起步流程:不写 目标.md、不判定;干活步骤做完就结束",
+            "starter flow: no 目标.md and no judge; the run is done when the work step is",
+        ),
+        "super.help.start": (
+            "开始(或接着)跑一个流程。ASK 是要做的事;不给 = 接着做。\n\n"
+            "不给 --flow 时跑起步流程:确认需求(问到需求清楚,冻结为 .flower/notes/需求.md)、"
+            "设定目标(目标和判定清单,.flower/notes/目标.md)、干活(协调者带一个 coder),"
+            "每轮之后由新会话里的判定者判一次。再跑一次并说一句话,它会追加进 需求.md,"
+            "目标重新推导,干活在同一个会话里接着做;什么都不说就直接接着做。\n\n"
+            "\b\n例子:\n"
+            '  flower-super start "写个 markdown 转 html 的脚本"\n'
+            '  flower-super start "顺便高亮代码块"       # 同一段对话,再说一句\n'
+            "  flower-super start                         # 从停下的地方接着做\n"
+            "  flower-super start --flow flows/review.py:flow -r runs\n\n"
+            "\b\n跑的时候:\n"
+            "  按一次 Ctrl-C  打断这一步;说一句话(或直接回车)它就接着做\n"
+            "  按两次 Ctrl-C  退出;以后再跑同一条命令就接着做\n"
+            "  SIGTERM/HUP    在跑的步骤记为 killed-by-signal;再启动就接上\n"
+            "  失败           API 出错或步骤子进程死掉算一次失败的尝试:退避后接着同一个会话,\n"
+            "                 最多 6 次;bug 或写错的 spec 立刻停下这一步\n"
+            "                 (traceback 在 runs/logs/<run>/<step>.log)\n\n"
+            "退出码:0 完成;1 有步骤让运行停下(那一行 \"在步骤 '<step>' 中止:<why>\");"
+            "2 用错了(一行说明加提示);130 连按两次 Ctrl-C 之后。",
+            "Start (or carry on) a flow. ASK is what you want done; nothing = carry on.\n\n"
+            "Without --flow it runs the starter flow: 确认需求 (asks until the requirement is "
+            "clear, frozen as .flower/notes/需求.md), 设定目标 (a goal with a checklist, "
+            ".flower/notes/目标.md), 干活 (a coordinator with a coder), judged after every "
+            "round by a judge in a new session. Run again with a sentence and it is added to "
+            "需求.md, the goal is derived again and the work carries on in the same session; "
+            "run again with nothing and it simply carries on.\n\n"
+            "\b\nExamples:\n"
+            '  flower-super start "write a markdown to html script"\n'
+            '  flower-super start "also highlight code blocks"   # same conversation, one more '
+            "sentence\n"
+            "  flower-super start                                 # carry on where it stopped\n"
+            "  flower-super start --flow flows/review.py:flow -r runs\n\n"
+            "\b\nWhile it runs:\n"
+            "  Ctrl-C once   interrupt the step; type a sentence (or just Enter) and it carries "
+            "on\n"
+            "  Ctrl-C twice  exit; run the same command again later to continue\n"
+            "  SIGTERM/HUP   the step in flight is recorded as killed-by-signal; a restart "
+            "resumes\n"
+            "  failures      an API error or a step child that died is one failed attempt: "
+            "the same\n"
+            "                session is resumed after a backoff, up to 6 attempts in all; a "
+            "bug or a\n"
+            "                bad spec stops the step at once (traceback in "
+            "runs/logs/<run>/<step>.log)\n\n"
+            'Exit status: 0 finished; 1 a step stopped the run (the line "stopped at step '
+            "'<step>': <why>\"); 2 a mistake (one line with a hint); 130 after Ctrl-C twice.",
+        ),
+        "super.help.json": (
+            "打印一个 JSON 对象,不打印文字",
+            "print one JSON object instead of text",
+        ),
+        "super.help.status": (
+            "在 RUN_DIR 里跑过的每个 flower:在跑还是已停、状态、步骤、会话、最后几行清单。\n\n"
+            "退出码:0 没有已停又没做完的;3 有(它下面列出接着做的命令);"
+            "2 那里没有运行目录,或它是个文件(一行说明加提示)。",
+            "Every flower that ran in RUN_DIR: live or dead, state, step, session, last rows."
+            "\n\nExit status: 0 when nothing is dead-and-unfinished; 3 otherwise (the command "
+            "that carries it on is shown under it); 2 when there is no run directory there, or "
+            "it is a file (one line with a hint).",
+        ),
+        "super.help.cancel": (
+            "像 SIGTERM 那样停下在跑的 flower RUN(status 列出的 run id,或能唯一确定的前缀)。"
+            "\n\n它在跑的步骤得到一行 killed-by-signal,子进程停下;运行仍可接着做:在同一个"
+            "地方再跑 `flower-super start` 就接上。没在跑或不认识的 RUN 是一行说明,退出码 2。",
+            "Stop the live flower RUN (a run id from `status`, or a unique prefix) as SIGTERM "
+            "does.\n\nIts step in flight gets one killed-by-signal row and its children stop; "
+            "the run stays resumable: `flower-super start` in the same place carries on. A run "
+            "that is not live, or unknown, is one line and exit status 2.",
+        ),
+        "super.help.verify_flow": ("要检查的 Workflow", "the Workflow to check"),
+        "super.help.verify": (
+            "只检查流程、不跑:没问题退出码 0,否则退出码 2,每处问题一行,写明步骤和规则"
+            "(判定过的、要和人说话的或 idempotent=False 的步骤用了 cross-run;不认识的指纹前缀;"
+            "写错的 ttl)。`start --flow` 在任何模型调用之前同样拒绝不合法的流程。",
+            "Check a flow without running it: exit 0 when it is valid, else exit 2 with one "
+            "line per problem naming the step and the rule (cross-run on a judged, "
+            "human-facing or idempotent=False step; an unknown fingerprint prefix; a bad ttl). "
+            "`start --flow` refuses an invalid flow the same way before any model call.",
+        ),
+        "super.help.show_json": (
+            "打印一个 JSON 文档,不打印文字",
+            "print one JSON document instead of text",
+        ),
+        "super.help.show": (
+            "从 sessions.db 打印一个步骤的对话:提示、模型的话、每次工具调用一行、结果折叠。\n\n"
+            "\b\n不给:最近一次运行的最后一个步骤(在跑的话就是正在跑的那个)。\n"
+            "RUN:那次运行的每段对话,按跑的顺序(status 列出的 run id,或能唯一确定的前缀)。\n"
+            "STEP:那个步骤的会话(步骤名,或清单里的标签,如 干活#round2)。\n\n"
+            "它只读 sessions.db,flower 在跑时也能用。不认识的运行或步骤是一行说明,退出码 2。",
+            "Print a step's conversation from sessions.db: prompts, the model's text, each tool "
+            "call on one line, each result folded.\n\n"
+            "\b\nNothing: the latest step of the latest run (the one in flight, if it is live).\n"
+            "RUN: every conversation of that run, in the order it ran them (a run id from\n"
+            "     `status`, or a unique prefix).\n"
+            "STEP: that step's session (a name, or a label as the manifest writes it: "
+            "干活#round2).\n\n"
+            "It reads sessions.db read-only, so it is safe while a flower runs. An unknown run "
+            "or step is one line and exit status 2.",
+        ),
+        "super.help.follow": ("跑着的时候一直打印", "keep printing while it runs"),
+        "super.help.logs": (
+            "逐行打印一次运行的事件:时间、步骤、类别、文字(默认:最近一次运行)。\n\n"
+            "RUN 是 status 列出的 run id,或能唯一确定的前缀。加 -f 时,在跑的 flower 的事件来一条"
+            "打一条,那个 flower 结束时停(Ctrl-C 也停,退出码 130)。早于事件日志的运行没有日志:"
+            "一行说明,退出码 1。不认识的运行是一行说明,退出码 2。",
+            "Print a run's events, one line each: time, step, kind, text (default: the latest "
+            "run).\n\nRUN is a run id from `status`, or a unique prefix. With -f it keeps "
+            "printing the events of a live flower as they come and ends when that flower ends "
+            "(Ctrl-C ends it too, exit status 130). A run from before event logs existed has "
+            "none: one line, exit status 1. An unknown run is one line and exit status 2.",
+        ),
+        "super.help.script": (
+            "JSON 格式的回合脚本(格式见下)",
+            "JSON script of turns (the format is below)",
+        ),
+        "super.help.port": (
+            "127.0.0.1 上的端口(0 = 随便一个空闲端口)",
+            "port on 127.0.0.1 (0 = any free port)",
+        ),
+        "super.help.log": (
+            "把每个请求作为一行 JSON 追加到这里",
+            "append every request as a JSON line here",
+        ),
+        "super.help.model_server": (
+            "在本机回环上按脚本提供 Anthropic Messages API(给测试和演示用)。\n\n"
+            "开始监听后打印它的 URL,一直服务到 SIGTERM 或 Ctrl-C。让 CLI 连它:"
+            "ANTHROPIC_BASE_URL=<url>、随便一个 ANTHROPIC_API_KEY、新的 HOME 和 CLAUDE_CONFIG_DIR,"
+            "以及 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1(flower.testing.cli_env 全都配好)。"
+            "脚本格式的说明是英文的。",
+            "Serve the Anthropic Messages API on loopback from a script (for tests and demos)."
+            "\n\nPrints its URL once listening and serves until SIGTERM or Ctrl-C. Point the CLI "
+            "at it with ANTHROPIC_BASE_URL=<url>, any ANTHROPIC_API_KEY, a fresh HOME and "
+            "CLAUDE_CONFIG_DIR and CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 "
+            "(flower.testing.cli_env builds it all).",
+        ),
+        "super.help.keep": (
+            "留下临时工作区,并打印它在哪",
+            "keep the temporary workspace and print where it is",
+        ),
+        "super.help.demo": (
+            "不要 key、不联网:对着脚本化的模型跑一个流程,在步骤中途 kill -9,再接着跑。"
+            "显示的花费是脚本服务器报的模拟数,没花一分钱。",
+            "No key, no network: run a flow against a scripted model, kill -9 it mid-step, "
+            "resume. The costs shown are the scripted server's simulated figures: nothing is "
+            "spent.",
+        ),
     }
-)
-
-RUN_DIR_HELP = (
-    "run directory holding lineage.json, manifest.json, sessions.db"
-    " (default ./runs, relative to the current directory)"
 )
 
 
@@ -44,51 +298,45 @@ run_dir_option = click.option(
     type=click.Path(path_type=Path),
     default=Path("runs"),
     show_default=True,
-    help=RUN_DIR_HELP,
+    metavar="DIR",
+    help=t("super.help.run_dir"),
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=t("super.help"))
 @click.version_option(
     __version__, "--version", prog_name="flower-super", message="%(prog)s %(version)s"
 )
 def main() -> None:
-    """flower-super: run flower workflows with one supervised child process per step.
-
-    Run it again in the same directory and it carries on the same conversation, whether the
-    last run finished, was Ctrl-C'd, got SIGTERM/SIGHUP, was kill -9'd or the machine
-    rebooted.
-    """
+    """flower-super (its help is the catalogue's ``super.help``)."""
 
 
-@main.command()
+@main.command(help=t("super.help.start"))
 @click.argument("ask", required=False, default="")
 @click.option(
     "--flow",
     "flow_ref",
     metavar="FILE.py:ATTR|MODULE:ATTR",
-    help=(
-        "your own Workflow to run (default: the starter flow 确认需求 → 设定目标 → 干活);"
-        ' ASK reaches it as ctx["_ask"], or as the argument of a callable ATTR'
-    ),
+    help=t("super.help.flow"),
 )
 @run_dir_option
 @click.option(
     "-w",
     "--workspace",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a file there: our own one line with a hint
     default=None,
-    help="the directory the agents work in (default: the current directory)",
+    metavar="DIR",
+    help=t("super.help.workspace"),
 )
 @click.option(
     "--new",
     is_flag=True,
-    help="do not continue last time: archive lineage.json, 需求.md, 目标.md and start a new thing",
+    help=t("super.help.new"),
 )
 @click.option(
     "--no-trim",
     is_flag=True,
-    help="do not trim large old tool results when resuming (trimming is on by default here)",
+    help=t("super.help.no_trim"),
 )
 @click.option(
     "--rounds",
@@ -96,7 +344,7 @@ def main() -> None:
     default=3,
     show_default=True,
     metavar="N",
-    help="starter flow: work rounds in all (each judged in a fresh session); 0 and 1 mean one",
+    help=t("super.help.rounds"),
 )
 @click.option(
     "--timeout",
@@ -105,13 +353,12 @@ def main() -> None:
     default=1800.0,
     show_default=True,
     metavar="SECONDS",
-    help="starter flow: how long a question waits for you; 0 (or less) = unattended, "
-    "every question falls through at once and the agent decides",
+    help=t("super.help.timeout"),
 )
 @click.option(
     "--no-goal",
     is_flag=True,
-    help="starter flow: no 目标.md and no judge; the run is done when the work step is",
+    help=t("super.help.no_goal"),
 )
 def start(
     ask: str,
@@ -124,45 +371,21 @@ def start(
     timeout_s: float,
     no_goal: bool,
 ) -> None:
-    """Start (or carry on) a flow. ASK is what you want done; nothing = carry on.
-
-    Without --flow it runs the starter flow: 确认需求 (asks until the requirement is clear,
-    frozen as .flower/notes/需求.md), 设定目标 (a goal with a checklist, .flower/notes/目标.md),
-    干活 (a coordinator with a coder), judged after every round by a judge in a new session.
-    Run again with a sentence and it is added to 需求.md, the goal is derived again and the
-    work carries on in the same session; run again with nothing and it simply carries on.
-
-    \b
-    Examples:
-      flower-super start "write a markdown to html script"
-      flower-super start "also highlight code blocks"   # same conversation, one more sentence
-      flower-super start                                 # carry on where it stopped
-      flower-super start --flow flows/review.py:flow -r runs
-
-    \b
-    While it runs:
-      Ctrl-C once   interrupt the step; type a sentence (or just Enter) and it carries on
-      Ctrl-C twice  exit; run the same command again later to continue
-      SIGTERM/HUP   the step in flight is recorded as killed-by-signal; a restart resumes
-      failures      an API error or a step child that died is one failed attempt: the same
-                    session is resumed after a backoff, up to 6 attempts in all; a bug or a
-                    bad spec stops the step at once (traceback in runs/logs/<run>/<step>.log)
-
-    Exit status: 0 finished; 1 a step stopped the run (the line "在步骤 '<step>' 中止:<why>");
-    2 a mistake (one line with a hint); 130 after Ctrl-C twice.
-    """
-    from .flows import load_flow, starter
-    from .start import StartArgs, run_start
-    from .terminal import Terminal
+    """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
+    from supervisor.flows import load_flow, starter
+    from supervisor.start import StartArgs, run_start
+    from supervisor.terminal import Terminal
 
     ws = (workspace or Path.cwd()).expanduser()
     try:
-        if not ws.is_dir():
+        if ws.exists() and not ws.is_dir():
             raise FlowerError(t("cli.not_dir", ws=ws), hint=t("cli.not_dir.hint"))
         check_run_dir(run_dir)
         if flow_ref:
             wf = load_flow(flow_ref, ask)
+            ws = workspace_dir(ws)
         else:
+            ws = workspace_dir(ws)
             wf = starter(
                 ask, ws, run_dir, new=new, rounds=rounds, timeout_s=timeout_s, goal=not no_goal
             )
@@ -204,15 +427,12 @@ def _resume_command(
     return cmd
 
 
-@main.command()
+@main.command(help=t("super.help.status"))
 @run_dir_option
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
+@click.option("--json", "as_json", is_flag=True, help=t("super.help.json"))
 def status(run_dir: Path, as_json: bool) -> None:
-    """Every flower that ran in RUN_DIR: live or dead, state, step, session, last rows.
-
-    Exit status 0 when nothing is dead-and-unfinished, 3 otherwise.
-    """
-    from .status import collect, render_text
+    """``flower-super status``: exit 0, 3 (dead and unfinished) or 2 (a mistake)."""
+    from supervisor.status import collect, render_text
 
     try:
         report = collect(run_dir)
@@ -227,17 +447,12 @@ def status(run_dir: Path, as_json: bool) -> None:
     sys.exit(3 if report.dead_unfinished else 0)
 
 
-@main.command()
+@main.command(help=t("super.help.cancel"))
 @click.argument("run")
 @run_dir_option
 def cancel(run: str, run_dir: Path) -> None:
-    """Stop the live flower RUN (a run id from `status`, or a unique prefix) as SIGTERM does.
-
-    Its step in flight gets one killed-by-signal row and its children stop; the run stays
-    resumable: `flower-super start` in the same place carries on. A run that is not live,
-    or unknown, is one line and exit status 2.
-    """
-    from .cancel import cancel as cancel_run
+    """``flower-super cancel RUN``."""
+    from supervisor.cancel import cancel as cancel_run
 
     try:
         done = cancel_run(run_dir.expanduser().absolute(), run)
@@ -251,20 +466,17 @@ def cancel(run: str, run_dir: Path) -> None:
     click.echo(t("cancel.stopped", run=rec.run, pid=rec.pid, resume=resume))
 
 
-@main.command()
+@main.command(help=t("super.help.verify"))
 @click.option(
     "--flow",
     "flow_ref",
     required=True,
     metavar="FILE.py:ATTR|MODULE:ATTR",
-    help="the Workflow to check",
+    help=t("super.help.verify_flow"),
 )
 def verify(flow_ref: str) -> None:
-    """Check a flow without running it: exit 0 when it is valid, else exit 2 with one line per
-    problem naming the step and the rule (cross-run on a judged, human-facing or
-    idempotent=False step; an unknown fingerprint prefix; a bad ttl). `start --flow` refuses
-    an invalid flow the same way before any model call."""
-    from .flows import load_flow
+    """``flower-super verify --flow REF``."""
+    from supervisor.flows import load_flow
 
     try:
         wf = load_flow(flow_ref)
@@ -273,24 +485,13 @@ def verify(flow_ref: str) -> None:
     click.echo(t("cli.verified", flow=wf.name, n=len(wf.steps)))
 
 
-@main.command()
+@main.command(help=t("super.help.show"))
 @click.argument("what", metavar="[RUN | STEP]", required=False)
 @run_dir_option
-@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")
+@click.option("--json", "as_json", is_flag=True, help=t("super.help.show_json"))
 def show(what: str | None, run_dir: Path, as_json: bool) -> None:
-    """Print a step's conversation from sessions.db: prompts, the model's text, each tool
-    call on one line, each result folded.
-
-    \b
-    Nothing: the latest step of the latest run (the one in flight, if it is live).
-    RUN: every conversation of that run, in the order it ran them (a run id from
-         `status`, or a unique prefix).
-    STEP: that step's session (a name, or a label as the manifest writes it: 干活#round2).
-
-    It reads sessions.db read-only, so it is safe while a flower runs. An unknown run or
-    step is one line and exit status 2.
-    """
-    from .show import run
+    """``flower-super show [RUN | STEP]``."""
+    from supervisor.show import run
 
     try:
         run(what, run_dir, as_json)
@@ -298,19 +499,13 @@ def show(what: str | None, run_dir: Path, as_json: bool) -> None:
         _fail(exc, as_json=as_json)
 
 
-@main.command()
+@main.command(help=t("super.help.logs"))
 @click.argument("run", required=False)
-@click.option("-f", "--follow", "follow_", is_flag=True, help="keep printing while it runs")
+@click.option("-f", "--follow", "follow_", is_flag=True, help=t("super.help.follow"))
 @run_dir_option
 def logs(run: str | None, follow_: bool, run_dir: Path) -> None:
-    """Print a run's events, one line each: time, step, kind, text (default: the latest run).
-
-    RUN is a run id from `status`, or a unique prefix. With -f it keeps printing the
-    events of a live flower as they come and ends when that flower ends (Ctrl-C ends it
-    too, exit status 130). A run from before event logs existed has none: one line, exit
-    status 1. An unknown run is one line and exit status 2.
-    """
-    from .logs import run as run_logs
+    """``flower-super logs [-f] [RUN]``."""
+    from supervisor.logs import run as run_logs
 
     try:
         run_logs(run, follow_, run_dir)
@@ -318,41 +513,37 @@ def logs(run: str | None, follow_: bool, run_dir: Path) -> None:
         _fail(exc)
 
 
-@main.command(
-    "model-server",
-    # flower.testing.SCRIPT_FORMAT, every paragraph marked \b so Click prints it as written
-    # (its module has no imports: --help stays cheap).
-    epilog="\n\n".join(
-        "\b\n" + paragraph
-        for paragraph in __import__(
-            "flower.testing._format", fromlist=["SCRIPT_FORMAT"]
-        ).SCRIPT_FORMAT.split("\n\n")
-    ),
-)
+class _ScriptFormatHelp(click.Command):
+    """model-server's help ends with flower.testing.SCRIPT_FORMAT, every paragraph marked \\b
+    so Click prints it as written; read only when the help is shown (not by every command)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from flower.testing._format import SCRIPT_FORMAT
+
+        self.epilog = "\n\n".join("\b\n" + part for part in SCRIPT_FORMAT.split("\n\n"))
+        super().format_epilog(ctx, formatter)
+
+
+@main.command("model-server", cls=_ScriptFormatHelp, help=t("super.help.model_server"))
 @click.option(
     "--script",
     "script_path",
     required=True,
     type=click.Path(dir_okay=False, exists=True),
-    help="JSON script of turns (the format is below)",
+    metavar="FILE",
+    help=t("super.help.script"),
 )
-@click.option(
-    "--port", type=int, default=0, show_default=True, help="port on 127.0.0.1 (0 = any free port)"
-)
+@click.option("--port", type=int, default=0, show_default=True, help=t("super.help.port"))
 @click.option(
     "--log",
     "log_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="append every request as a JSON line here",
+    metavar="FILE",
+    help=t("super.help.log"),
 )
 def model_server(script_path: str, port: int, log_path: str | None) -> None:
-    """Serve the Anthropic Messages API on loopback from a script (for tests and demos).
-
-    Prints its URL once listening and serves until SIGTERM or Ctrl-C. Point the CLI at it
-    with ANTHROPIC_BASE_URL=<url>, any ANTHROPIC_API_KEY, a fresh HOME and CLAUDE_CONFIG_DIR
-    and CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 (flower.testing.cli_env builds it all).
-    """
+    """``flower-super model-server``."""
     from flower.testing.model_server import main as serve
 
     argv = ["--script", script_path, "--port", str(port)]
@@ -361,16 +552,29 @@ def model_server(script_path: str, port: int, log_path: str | None) -> None:
     sys.exit(serve(argv))
 
 
-@main.command()
-@click.option("--keep", is_flag=True, help="keep the temporary workspace and print where it is")
+@main.command(help=t("super.help.demo"))
+@click.option("--keep", is_flag=True, help=t("super.help.keep"))
 def demo(keep: bool) -> None:
-    """No key, no network: run a flow against a scripted model, kill -9 it mid-step, resume."""
-    from .demo import run_demo
+    """``flower-super demo``."""
+    from supervisor.demo import run_demo
 
     try:
         sys.exit(run_demo(keep=keep))
     except FlowerError as exc:
         _fail(exc)
+
+
+def workspace_dir(path: Path) -> Path:
+    """The workspace ``-w`` names, resolved, created when missing (as the reference's
+    ``flower`` does it: ``mkdir -p``); one line with a hint when it cannot be."""
+    ws = path.expanduser().resolve()
+    if ws.exists() and not ws.is_dir():
+        raise FlowerError(t("cli.not_dir", ws=ws), hint=t("cli.not_dir.hint"))
+    try:
+        ws.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FlowerError(t("cli.ws_failed", ws=ws, error=exc.strerror or exc)) from None
+    return ws
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -6,7 +6,6 @@ the light commands can import it.
 
 from __future__ import annotations
 
-import shutil
 import unicodedata
 
 MIN_WIDTH = 40
@@ -34,4 +33,23 @@ def fit(text: str, room: int) -> str:
 
 def line_width(most: int) -> int:
     """The width to write at: ``max(40, min(terminal columns, most))``."""
-    return max(MIN_WIDTH, min(shutil.get_terminal_size((80, 24)).columns, most))
+    return max(MIN_WIDTH, min(terminal_columns(), most))
+
+
+def terminal_columns(fallback: int = 80) -> int:
+    """The terminal's columns as ``shutil.get_terminal_size`` tells them (``$COLUMNS``, else
+    stdout's terminal, else ``fallback``), without importing shutil (and with it zlib, bz2
+    and lzma): the light commands ask this on every run."""
+    import os
+    import sys
+
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else fallback

@@ -22,10 +22,10 @@ import psutil
 
 from flower import FlowerError
 from flower.i18n import define, t
-
-from .demo_flow import RESEARCH, WRAP, WRITE
+from supervisor.demo_flow import RESEARCH, WRAP, WRITE
 
 STEP_TIMEOUT = 60.0
+GONE_WITHIN = 5.0  # the children notice their parent's death within moments
 
 
 define(
@@ -34,14 +34,23 @@ define(
             "临时工作区 {ws},脚本化的模型服务器 {url}(不联网、不要 key)",
             "a temporary workspace {ws}, a scripted model server {url} (no network, no key)",
         ),
+        "demo.simulated": (
+            "   下面的 $ 花费是按脚本服务器报的 token 数算出来的模拟数:一分钱也没花",
+            "   the $ costs below are computed from the scripted server's token counts: "
+            "simulated, nothing is paid",
+        ),
         "demo.first": ("第一次跑:{steps}", "first run: {steps}"),
         "demo.kill": (
             "kill -9 {pid}(supervisor,正在等模型回话;它的子进程:{n} 个)",
             "kill -9 {pid} (the supervisor, waiting for the model; its children: {n})",
         ),
+        "demo.gone": (
+            "   那个 flower 的 {n} 个进程在 kill 之后 {s:.1f} 秒内全都没了,一个不剩",
+            "   all {n} {n|process|processes} of that flower were gone {s:.1f} s after the kill",
+        ),
         "demo.left": (
-            "   5 秒内还活着的 flower 进程:{n} 个",
-            "   flower processes still alive after 5 s: {n}",
+            "   kill 之后 {s:g} 秒还活着的 flower 进程:{n} 个 {pids}",
+            "   flower processes still alive {s:g} s after the kill: {n} {pids}",
         ),
         "demo.again": ("再跑一次同一条命令:", "the same command again:"),
         "demo.server_saw": ("模型服务器看到的:", "what the model server saw:"),
@@ -51,15 +60,20 @@ define(
         ),
         "demo.sessions": (
             "   写稿 前后两次跑的请求共用 {n} 条会话:{ids}",
-            "   draft's requests of both runs share {n} session(s): {ids}",
+            "   draft's requests of both runs share {n} {n|session|sessions}: {ids}",
         ),
         "demo.carried": (
             "   第二次跑 写稿 的第一个请求带着之前的 {n} 次工具调用和它的结果,模型接着说",
-            "   the second run's first request of draft carries the {n} earlier tool call(s) "
-            "and their results; the model carries on",
+            "   the second run's first request of draft carries the {n} earlier tool "
+            "{n|call|calls} and {n|its result|their results}; the model carries on",
         ),
         "demo.status": ("flower-super status:", "flower-super status:"),
         "demo.kept": ("留着:{root}", "kept: {root}"),
+        "demo.deleted": (
+            "临时目录 {root} 已删掉:上面的 show / logs 命令要加 --keep 再跑一次演示才能试",
+            "the temporary directory {root} is deleted now: to try the show / logs commands "
+            "above, run the demo again with --keep",
+        ),
     }
 )
 
@@ -136,6 +150,7 @@ def run_demo(*, keep: bool = False) -> int:
     say = _Narrator()
     try:
         say.title(t("demo.where", ws=ws, url=server.url))
+        say.line(t("demo.simulated"))
         killed_at = _first_run(cmd, env, root, server, say)
         say.title(t("demo.again"))
         code = _stream(
@@ -165,6 +180,7 @@ def run_demo(*, keep: bool = False) -> int:
             import shutil
 
             shutil.rmtree(root, ignore_errors=True)
+            say.title(t("demo.deleted", root=root))
 
 
 def _first_run(cmd: list[str], env: dict[str, str], root: Path, server: Any, say: _Narrator) -> int:
@@ -191,10 +207,14 @@ def _first_run(cmd: list[str], env: dict[str, str], root: Path, server: Any, say
     family = _family(proc.pid)
     say.title(t("demo.kill", pid=proc.pid, n=len(family)))
     os.kill(proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
     proc.wait()
     pump.join(5)
-    left = _wait_gone(family, 5.0)
-    say.line(t("demo.left", n=len(left)) + ("" if not left else f" {left}"))
+    left = _wait_gone(family, GONE_WITHIN)
+    if left:
+        say.line(t("demo.left", s=GONE_WITHIN, n=len(left), pids=left))
+    else:  # what was measured: the moment the last of them was gone
+        say.line(t("demo.gone", n=len(family), s=time.monotonic() - killed))
     return max((r.seq for r in server.requests), default=0)
 
 
@@ -243,11 +263,12 @@ def _family(pid: int) -> list[int]:
 
 
 def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    """The ones of ``pids`` still running after ``seconds`` (returns as soon as none is)."""
     deadline = time.monotonic() + seconds
-    alive = pids
+    alive = [p for p in pids if _running(p)]
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _running(p)]
         time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
     return alive
 
 

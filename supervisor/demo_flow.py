@@ -6,7 +6,7 @@ prompts are the model's and stay as they are.
 
 from __future__ import annotations
 
-from flower.core.agent import AgentSpec
+from flower.agents.agent import AgentSpec
 from flower.i18n import define, t
 from flower.workflow import Step, Workflow
 

@@ -20,6 +20,7 @@ This module is imported by ``flower --help``: it imports nothing heavy at module
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,10 @@ define(
             "只检查流程(每处问题一行,退出码 2),不跑",
             "only check the flow (one line per problem, exit status 2); do not run it",
         ),
-        "cli.verified": ("流程 '{flow}' 没问题:{n} 个步骤", "flow '{flow}' is valid: {n} steps"),
+        "cli.verified": (
+            "流程 '{flow}' 没问题:{n} 个步骤",
+            "flow '{flow}' is valid: {n} {n|step|steps}",
+        ),
         "cli.help.prompt": ("给这个 agent 的话", "what to tell the agent"),
         "cli.help.instructions": (
             "领域说明,叠加在 Claude Code 自带的系统提示之后",
@@ -205,8 +209,27 @@ define(
         "cli.optionals": ("选项", "options"),
         "cli.commands": ("子命令", "subcommands"),
         "cli.help.help": ("显示这段帮助然后退出", "show this help and exit"),
+        "cli.help.version": ("显示版本然后退出", "show the version and exit"),
         "cli.usage_error": ("{prog}:参数不对:{message}", "{prog}: error: {message}"),
         "cli.no_cmd": ("缺了子命令或诉求", "a subcommand or a request is missing"),
+        # argparse's own error messages, in the person's language (see _argparse_says)
+        "cli.arg.required": (
+            "缺了这些参数:{names}",
+            "the following arguments are required: {names}",
+        ),
+        "cli.arg.unknown": ("不认识这些参数:{names}", "unrecognized arguments: {names}"),
+        "cli.arg.ambiguous": (
+            "{option} 有歧义,可能是 {matches}",
+            "ambiguous option: {option} could match {matches}",
+        ),
+        "cli.arg.of": ("参数 {name}:{message}", "argument {name}: {message}"),
+        "cli.arg.one": ("后面要跟一个值", "expected one argument"),
+        "cli.arg.choice": (
+            "{value} 不是可选的值(可选:{choices})",
+            "invalid choice: {value} (choose from {choices})",
+        ),
+        "cli.arg.int": ("{value} 不是整数", "{value} is not a whole number"),
+        "cli.arg.float": ("{value} 不是数字", "{value} is not a number"),
         "cli.once.done": (
             "{mark} ad-hoc  用时 {elapsed} · 花费 ${cost:.4f} · 会话 {session}",
             "{mark} ad-hoc  took {elapsed} · cost ${cost:.4f} · session {session}",
@@ -265,16 +288,57 @@ class _Parser(argparse.ArgumentParser):
             "-h", "--help", action="help", default=argparse.SUPPRESS, help=t("cli.help.help")
         )
 
-    def error(self, message: str) -> Any:  # argparse's own message stays as it words it
+    def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
-        self.exit(2, t("cli.usage_error", prog=self.prog, message=message) + "\n")
+        self.exit(2, t("cli.usage_error", prog=self.prog, message=_argparse_says(message)) + "\n")
+
+
+# argparse words its errors in English (gettext, with no catalogue of ours to hook into):
+# each one a person can cause here, matched and said again through the catalogue (patterns
+# compiled at their first use, by re's cache: `flower --help` never needs them).
+_ARGPARSE = [
+    (r"the following arguments are required: (?P<names>.+)", "cli.arg.required"),
+    (r"unrecognized arguments: (?P<names>.+)", "cli.arg.unknown"),
+    (
+        r"ambiguous option: (?P<option>\S+) could match (?P<matches>.+)",
+        "cli.arg.ambiguous",
+    ),
+    (r"expected one argument", "cli.arg.one"),
+    (
+        r"invalid choice: (?P<value>.+) \(choose from (?P<choices>.+)\)",
+        "cli.arg.choice",
+    ),
+    (r"invalid int value: (?P<value>.+)", "cli.arg.int"),
+    (r"invalid float value: (?P<value>.+)", "cli.arg.float"),
+]
+_ARGUMENT = r"(?s)argument (?P<name>[^:]+): (?P<message>.+)"
+
+
+def _argparse_says(message: str) -> str:
+    """argparse's error ``message`` in the person's language (as it is when unknown)."""
+    of = re.fullmatch(_ARGUMENT, message)
+    if of:
+        return t("cli.arg.of", name=of["name"], message=_argparse_says(of["message"]))
+    for pattern, key in _ARGPARSE:
+        m = re.fullmatch(pattern, message)
+        if m:
+            return t(key, **m.groupdict()) if m.groupdict() else t(key)
+    return message
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser, its help in the person's language (built per call: the catalogue picks
     the language when it is asked)."""
+    from flower import __version__
+
     main = _Parser(prog="flower", description=t("cli.description"), epilog=t("cli.epilog"))
     _globals(main, suppress=False)
+    main.add_argument(
+        "--version",
+        action="version",
+        version=f"flower {__version__}",
+        help=t("cli.help.version"),
+    )
     sub = main.add_subparsers(
         dest="cmd", metavar="{go,run,once,setup}", parser_class=_Parser, title=t("cli.commands")
     )
@@ -372,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(t("cli.no_cmd"))
     try:
         if args.cmd == "setup":
-            from .setup import setup_main
+            from supervisor.setup import setup_main
 
             return setup_main()
         if args.cmd == "once":
@@ -402,16 +466,13 @@ def _err(message: str, hint: str = "") -> None:
 
 
 def _workspace(args: argparse.Namespace) -> Path:
-    ws = Path(args.workspace).expanduser().resolve()
-    try:
-        ws.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Stop(f"{ws}: {exc.strerror or exc}") from None
-    return ws
+    from supervisor.cli import workspace_dir
+
+    return workspace_dir(Path(args.workspace))  # FlowerError: one line, exit 1
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
-    from .cli import check_run_dir
+    from supervisor.cli import check_run_dir
 
     path = Path(args.run_dir).expanduser()
     check_run_dir(path)
@@ -420,17 +481,32 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 def _credentials(args: argparse.Namespace, workspace: Path) -> None:
     """Gate one (are there credentials) and gate two (do they work), as setup says."""
-    from .setup import SetupExit, ensure_credentials
+    _have_credentials(workspace)
+    _credentials_work(args)
 
-    interactive = sys.stdin.isatty()
+
+def _have_credentials(workspace: Path) -> None:
+    """Gate one: credentials are found, or asked for on a terminal (no request is sent)."""
+    from supervisor.setup import SetupExit, have_credentials
+
     try:
-        ensure_credentials(
-            interactive=interactive, say=_say, read_line=_input_line, workspace=workspace
+        have_credentials(
+            interactive=sys.stdin.isatty(), say=_say, read_line=_input_line, workspace=workspace
         )
     except SetupExit as exc:
         raise Stop(exc.message, exc.code) from None
+
+
+def _credentials_work(args: argparse.Namespace) -> None:
+    """Gate two: the probe's one request (a rejected key gets one chance on a terminal)."""
+    from supervisor.setup import SetupExit, credentials_work
+
+    try:
+        credentials_work(interactive=sys.stdin.isatty(), say=_say, read_line=_input_line)
+    except SetupExit as exc:
+        raise Stop(exc.message, exc.code) from None
     if args.verbose:
-        from .setup import describe_credentials
+        from supervisor.setup import describe_credentials
 
         for line in describe_credentials():
             _say(line)
@@ -481,10 +557,9 @@ def _read_ask(waking: bool) -> str:
 
 def _go(args: argparse.Namespace) -> int:
     from flower.workflow.starter import NO_ASK, NOT_GIT, in_git, wake_state
-
-    from .flows import starter
-    from .start import StartArgs, run_start
-    from .terminal import Terminal
+    from supervisor.flows import starter
+    from supervisor.start import StartArgs, run_start
+    from supervisor.terminal import Terminal
 
     if args.window is not None and args.window < 0:
         raise Stop(t("cli.bad_window", value=args.window), code=2)
@@ -492,21 +567,25 @@ def _go(args: argparse.Namespace) -> int:
     run_dir = _run_dir(args)
     if args.isolate and not in_git(ws):
         raise Stop(t("cli.not_git", ws=ws))
-    _credentials(args, ws)
+    _have_credentials(ws)
     new = bool(args.new)
     ask = args.ask
-    waking = bool(wake_state(ws, run_dir=run_dir, isolate=args.isolate)["waking"]) and not new
+    timeout_s = max(0.0, float(args.timeout))
+    state = wake_state(ws, run_dir=run_dir, isolate=args.isolate)
+    waking = bool(state["waking"]) and not new
     if ask is None:
-        ask = _read_ask(waking)
+        # Unattended (--timeout 0) never waits at a prompt: nothing said is "carry on".
+        ask = "" if timeout_s == 0 and sys.stdin.isatty() else _read_ask(waking)
         if ask == "/new":
             new, waking = True, False
             ask = _read_ask(False)
-        if not ask and not waking and sys.stdin.isatty():
-            raise Stop(t("cli.empty_first"))
     ask = ask.strip()
+    # Refused before any model call (the probe included): nothing to do is no request.
     if new and not ask:
         raise Stop(t("cli.new_needs_ask"))
-    timeout_s = max(0.0, float(args.timeout))
+    if not ask and not waking and not (state["clarifying"] and not new):
+        raise Stop(t("cli.empty_first"))
+    _credentials_work(args)
     if not sys.stdin.isatty() and timeout_s > 0:
         print(t("cli.piped"), file=sys.stderr, flush=True)
     try:
@@ -550,7 +629,7 @@ def _after_stop(code: int, term: Any) -> int:
     why = str(getattr(term, "stop_reason", "") or "")
     if code != 1 or not why or not sys.stdin.isatty():
         return code
-    from .setup import configure, looks_like_credentials_error
+    from supervisor.setup import configure, looks_like_credentials_error
 
     if not looks_like_credentials_error(why):
         return code
@@ -561,7 +640,7 @@ def _after_stop(code: int, term: Any) -> int:
 
 
 def _handoff(args: argparse.Namespace) -> Any:
-    from flower.core.window import HandoffPolicy
+    from flower.step.window import HandoffPolicy
 
     if args.no_handoff:
         return False
@@ -588,18 +667,21 @@ def _go_command(args: argparse.Namespace, ws: Path, run_dir: Path) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .flows import load_flow
-    from .start import StartArgs, run_start
-    from .terminal import Terminal
+    from supervisor.flows import load_flow
+    from supervisor.start import StartArgs, run_start
+    from supervisor.terminal import Terminal
 
     ws = _workspace(args)
     run_dir = _run_dir(args)
+    from flower import FlowerError
     from flower.workflow.verify import FlowInvalid
 
     try:
         wf = load_flow(args.target)
     except FlowInvalid as exc:
         raise Stop(exc.message, code=2, hint=exc.hint) from None
+    except FlowerError as exc:  # a target that does not load: a stop, or for --verify a 2
+        raise Stop(exc.message, code=2 if args.verify else 1, hint=exc.hint) from None
     if args.verify:
         _say(t("cli.verified", flow=wf.name, n=len(wf.steps)))
         return 0
@@ -635,8 +717,8 @@ def _once(args: argparse.Namespace) -> int:
     import time
 
     from flower import AgentSpec, Runtime
-
-    from .terminal import Terminal, clock
+    from supervisor.setup import unreachable
+    from supervisor.terminal import Terminal, clock
 
     ws = _workspace(args)
     run_dir = _run_dir(args)
@@ -654,10 +736,19 @@ def _once(args: argparse.Namespace) -> int:
         workspace=ws, run_dir=run_dir, trim=bool(args.trim), workbench=bool(args.workbench)
     )
     began = time.monotonic()
-    try:
-        result = asyncio.run(
-            rt.run(spec, args.prompt, resume=args.resume, fork=args.fork, on_event=term.on_event)
+
+    async def once() -> Any:
+        # Its one step needs the model: an unreachable endpoint is said at once and waited
+        # for here (the CLI would retry in silence for minutes).
+        gave_up = unreachable(rt.resilience, term.say)
+        if gave_up and not await rt.resilience.wait_online():
+            raise Stop(gave_up, hint=t("setup.offline.hint"))
+        return await rt.run(
+            spec, args.prompt, resume=args.resume, fork=args.fork, on_event=term.on_event
         )
+
+    try:
+        result = asyncio.run(once())
     except KeyboardInterrupt:  # once has no interrupt-and-say: Ctrl-C ends it
         term.err(t("cli.cancelled"))
         return 130

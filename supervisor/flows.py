@@ -17,9 +17,9 @@ from typing import Any
 
 import flower
 from flower import ConfigError, RunDirBusy
-from flower.core.credentials import check_credentials, load_dotenv
-from flower.core.registry import Registry
 from flower.i18n import define, t
+from flower.people.credentials import check_credentials, load_dotenv
+from flower.state.registry import Registry
 from flower.workflow import Workflow
 from flower.workflow.starter import starter_flow
 from flower.workflow.verify import check
@@ -57,12 +57,12 @@ define(
         "flow.not_py": ("导入 '{module}' 失败:不是 Python 文件", "cannot import {module}"),
         "flow.returned": (
             "'{ref}' 返回的是 {kind},不是 Workflow",
-            "{ref} returned {kind}, not a Workflow",
+            "{ref} returned a value of type {kind}, not a Workflow",
         ),
         "flow.returned.hint": ("返回 flower.Workflow([...])", "return flower.Workflow([...])"),
         "flow.not_flow": (
             "'{ref}' 是 {kind},不是 Workflow",
-            "{ref} is a {kind}, not a Workflow",
+            "{ref} is of type {kind}, not a Workflow",
         ),
         "flow.not_flow.hint": ("指向一个 flower.Workflow", "point it at a flower.Workflow"),
         "flow.check_module": ("看看这个流程模块", "check the flow module"),

@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from flower import FlowerError
-from flower.core.registry import RUNNING, FlowerRecord, Registry
 from flower.i18n import define, t
+from flower.state.eventlog import events_path
+from flower.state.registry import RUNNING, FlowerRecord, Registry, state_of
 from flower.util.sanitize import clean
-
-from .cancel import find_run
-from .columns import width as cols
-from .eventlog import events_path
-from .show import echo, one_line
-from .status import state_of
+from supervisor.cancel import find_run
+from supervisor.columns import terminal_columns
+from supervisor.columns import width as cols
+from supervisor.out import echo, one_line
 
 POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us
 PIPED_CHARS = 400  # a line's text when stdout is not a terminal (grep wants more than 80)
@@ -243,6 +242,4 @@ def _print(run_dir: Path, record: FlowerRecord, follow_: bool) -> int:
 def _width() -> int | None:
     if not sys.stdout.isatty():
         return None
-    import shutil
-
-    return shutil.get_terminal_size((80, 24)).columns
+    return terminal_columns()

@@ -40,7 +40,7 @@ The step's label (``旁路问答``) never matches a prepared child, and its sess
 another sessions.db, so the main flow's bookkeeping in that ``Forked`` is untouched. Only the
 one-time sweep of a killed flower's temporary files runs for whichever seat forks first.
 Without ``placement`` (library use: ``Workflow.run`` in-process, no subreaper) the attempt is
-:class:`~flower.core.inprocess.InProcess`.
+:class:`~flower.step.inprocess.InProcess`.
 
 Two Runtimes in one process share no state: run id, results, store, manifest, interrupts and
 windows are per instance; the registry record (``<run_dir>/flowers/``) is written only after
@@ -60,14 +60,14 @@ from pathlib import Path
 from typing import Any
 
 from flower import FlowerError
-from flower.core.agent import AgentSpec
-from flower.core.placement import Placement
-from flower.core.resilience import Resilience
-from flower.core.result import Event, StepResult
-from flower.core.roles import oracle as oracle_role
-from flower.core.runtime import Runtime
-from flower.core.workbench import Workbench
+from flower.agents.agent import AgentSpec
+from flower.agents.roles import oracle as oracle_role
+from flower.agents.workbench import Workbench
 from flower.i18n import define, t
+from flower.state.result import Event, StepResult
+from flower.step.placement import Placement
+from flower.step.resilience import Resilience
+from flower.step.runtime import Runtime
 
 __all__ = [
     "ASIDE_DIRNAME",
@@ -121,11 +121,11 @@ define(
         ),
         "oracle.draining": (
             "(等 {n} 条旁路问答收尾…)",
-            "(waiting for {n} aside question(s) to finish…)",
+            "(waiting for {n} aside {n|question|questions} to finish…)",
         ),
         "oracle.abandoned": (
             "(还有 {n} 条旁路问答没答完,不等了)",
-            "({n} aside question(s) did not finish in time; not waiting any longer)",
+            "({n} aside {n|question|questions} did not finish in time; not waiting any longer)",
         ),
         "oracle.empty": (
             "? 后面写上要问的,比如:? 现在到哪了",

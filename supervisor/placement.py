@@ -1,14 +1,14 @@
 """The supervisor's placement: every attempt of a step runs in a forked step child.
 
 The parent's whole view of its children lives here: forking (through the process tree
-object, :data:`flower.core.proctree.PROCS`), the pipes, reading frames, reaping, stopping
+object, :data:`flower.step.proctree.PROCS`), the pipes, reading frames, reaping, stopping
 trees, and *prepared* children — forked ahead of time for the steps likely to run next,
 their CLI already started, so that only the prompt is left to send (``prepare``). A prepared
 child that turns out not to be needed is told ``shutdown`` and exits without sending a
 request; the flow never hears of it.
 
 What an attempt is and what the loop above expects of it is written down in
-:mod:`flower.core.placement`. A child that dies is one more failed attempt of that one loop:
+:mod:`flower.step.placement`. A child that dies is one more failed attempt of that one loop:
 its result says ``step child <pid> died without a result (<how>)``; a child that reports a
 crash (``failure`` with ``retryable: false``) raises :class:`flower.AttemptCrash`.
 
@@ -40,12 +40,12 @@ from typing import Any
 import psutil
 
 from flower import AttemptCrash
-from flower.core.agent import AgentSpec
-from flower.core.call import StepCall
-from flower.core.placement import Seat, Watch
-from flower.core.proctree import PROCS, ProcessTree, describe_status
-from flower.core.result import Event, StepResult
+from flower.agents.agent import AgentSpec
 from flower.i18n import define, t
+from flower.state.result import Event, StepResult
+from flower.step.call import StepCall
+from flower.step.placement import Seat, Watch
+from flower.step.proctree import PROCS, ProcessTree, describe_status
 from ipc import (
     Answer,
     Ask,
@@ -552,7 +552,7 @@ class Forked:
 
 async def _serve_channel(question: Ask) -> str:
     """A child's HumanChannel tool call, handled by the supervisor's copy of that channel."""
-    from flower.core.human import find_channel
+    from flower.people.human import find_channel
 
     channel = find_channel(question.channel)
     if channel is None:

@@ -1,7 +1,7 @@
 """Credentials for the ``flower`` command: ``flower setup``, the probe, and the two gates.
 
 Gate one (are there credentials) looks them up in the order of
-:mod:`flower.core.credentials` and, when there are none, asks for them on the terminal
+:mod:`flower.people.credentials` and, when there are none, asks for them on the terminal
 (:func:`configure`) or stops with the four-line message. Gate two (do they work) sends one
 tiny request (:func:`probe`): a rejected key or a wrong gateway/model gets one chance to be
 reconfigured; a network problem is reported and the run starts anyway, since the runtime
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from flower._errors import FlowerError
-from flower.core.credentials import (
+from flower.i18n import define, t
+from flower.people.credentials import (
     KNOWN_KEYS,
     SETUP_KEYS,
     SHELL,
@@ -33,7 +34,6 @@ from flower.core.credentials import (
     source_above_config,
     write_config_env,
 )
-from flower.i18n import define, t
 
 ReadLine = Callable[[str], str | None]
 Say = Callable[[str], None]
@@ -152,6 +152,20 @@ define(
             "where it stopped.",
         ),
         "setup.describe": ("- 在用的凭证配置:", "- Credentials in effect:"),
+        "setup.offline": (
+            "! 连不上 {host}:{port}({base});要用模型的步骤会等它恢复,每 {every} 秒探一次,"
+            "最多等 {minutes} 分钟(Ctrl-C 停)",
+            "! cannot reach {host}:{port} ({base}); a step that needs the model waits for it, "
+            "probing every {every} s for up to {minutes} min (Ctrl-C to stop)",
+        ),
+        "setup.offline.gave_up": (
+            "{host}:{port} {minutes} 分钟都没应答",
+            "{host}:{port} did not answer for {minutes} min",
+        ),
+        "setup.offline.hint": (
+            "查一下网络;用网关的话查 ANTHROPIC_BASE_URL",
+            "check the network, or ANTHROPIC_BASE_URL if you use a gateway",
+        ),
     }
 )
 
@@ -219,6 +233,28 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def _typed_unseen(read_line: ReadLine) -> ReadLine:
+    """How a secret is read: on a terminal without echo (what is typed never shows on the
+    screen, nor in its scrollback), else as ``read_line`` reads any line."""
+    import sys
+
+    if not sys.stdin.isatty():
+        return read_line
+
+    def read(prompt: str) -> str | None:
+        import getpass
+
+        try:
+            return getpass.getpass(prompt)
+        except EOFError:
+            return None
+        except KeyboardInterrupt:
+            print(flush=True)
+            return None
+
+    return read
+
+
 # -- the interactive screen ----------------------------------------------------------------
 
 
@@ -226,8 +262,9 @@ def configure(reason: str, *, read_line: ReadLine, say: Say) -> bool:
     """Ask for the token, gateway and model; save them to :func:`config_env_path` (mode 0600,
     a full overwrite) and use them in this process at once.
 
-    ``reason`` is the line under the title. Returns False when the person gave no token
-    (blank line or Ctrl-D) or cancelled: nothing is written then.
+    ``reason`` is the line under the title. The token is typed unseen on a terminal.
+    Returns False when the person gave no token (blank line or Ctrl-D) or cancelled:
+    nothing is written then.
     """
     say(t("setup.title"))
     say(reason)
@@ -236,7 +273,7 @@ def configure(reason: str, *, read_line: ReadLine, say: Say) -> bool:
     for question in ("setup.q.token", "setup.q.base_url", "setup.q.model"):
         say("")
         say(t(question))
-        line = read_line(PROMPT)
+        line = (_typed_unseen(read_line) if question == "setup.q.token" else read_line)(PROMPT)
         if line is None and answers:
             say("")
             say(t("setup.cancelled"))
@@ -377,6 +414,29 @@ def _one_line(text: str, secrets: list[str], limit: int = 160) -> str:
     return flat[:limit]
 
 
+def unreachable(resilience: Any, say: Say) -> str:
+    """Say so in one line when the endpoint the CLI will talk to cannot be reached now (DNS
+    and one TCP handshake, synchronously: no thread is left behind for a fork), and return
+    the gave-up line for a caller that waits; "" when it is reachable (or resilience is off).
+    Nothing waits here: a run starts anyway, and a step that needs the model waits for the
+    network in its own loop (a run whose steps need none finishes without it)."""
+    if not resilience.enabled or resilience.reachable():
+        return ""
+    host, port = resilience.endpoint()
+    minutes = f"{resilience.max_offline_wait / 60:g}"
+    say(
+        t(
+            "setup.offline",
+            host=host,
+            port=port,
+            base=os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
+            every=f"{resilience.probe_interval:g}",
+            minutes=minutes,
+        )
+    )
+    return t("setup.offline.gave_up", host=host, port=port, minutes=minutes)
+
+
 # -- the two gates and `flower setup` ------------------------------------------------------
 
 
@@ -388,21 +448,32 @@ def missing_message() -> str:
 def ensure_credentials(
     *, interactive: bool, say: Say, read_line: ReadLine, workspace: str | Path | None = None
 ) -> None:
-    """Gate one and gate two, before a run starts.
+    """Gate one and gate two, before a run starts (:func:`have_credentials`, then
+    :func:`credentials_work`)."""
+    have_credentials(interactive=interactive, say=say, read_line=read_line, workspace=workspace)
+    credentials_work(interactive=interactive, say=say, read_line=read_line)
 
-    Looks the credentials up (``workspace``'s ``.env`` too, when given); with none, asks for
-    them when ``interactive``, else raises :class:`SetupExit` with the four-line message. A
-    CLI logged in another way (OAuth, Bedrock/Vertex/Foundry, ``claude login``) passes
-    unprobed. Then the probe: ``ok`` and ``net`` go on; ``auth`` and ``config`` get one
-    reconfiguration when ``interactive`` and raise :class:`SetupExit` otherwise or on a
-    second failure.
-    """
+
+def have_credentials(
+    *, interactive: bool, say: Say, read_line: ReadLine, workspace: str | Path | None = None
+) -> None:
+    """Gate one: looks the credentials up (``workspace``'s ``.env`` too, when given); with
+    none, asks for them when ``interactive``, else raises :class:`SetupExit` with the
+    four-line message. Sends nothing."""
     load_credentials(workspace)
-    if not has_key():
-        if other_auth():
-            return
-        if not interactive or not configure(t("setup.reason.first"), read_line=read_line, say=say):
-            raise SetupExit(missing_message())
+    if has_key() or other_auth():
+        return
+    if not interactive or not configure(t("setup.reason.first"), read_line=read_line, say=say):
+        raise SetupExit(missing_message())
+
+
+def credentials_work(*, interactive: bool, say: Say, read_line: ReadLine) -> None:
+    """Gate two: the probe. A CLI logged in another way (OAuth, Bedrock/Vertex/Foundry,
+    ``claude login``) passes unprobed. ``ok`` and ``net`` go on; ``auth`` and ``config``
+    get one reconfiguration when ``interactive`` and raise :class:`SetupExit` otherwise or
+    on a second failure."""
+    if not has_key() and other_auth():
+        return
     reconfigured = False
     while True:
         say(t("setup.probing"))

@@ -10,6 +10,13 @@ What is shown (the ``--json`` document holds the same, with full texts):
   thinking block as one line. A call whose result the transcript does not hold yet comes
   with what the tool ledger knows (the CLI writes a turn's result only after it sent the
   next request), or "still running".
+- what the CLI wrote itself, under its own name (``CLI``) and never as the model's or the
+  person's words: an API error, its "No response requested." filler, a turn cut off (by an
+  interrupt, or a session that ended), a compaction summary, system notes (system
+  reminders, ``isMeta`` entries), background-task notices, command output. A tool result
+  the CLI filled in for a call that was cut off says what happened to the call; a
+  subagent's result is its report, without the frame the CLI hands it back in
+  (:func:`flower.step.events.readable_result`).
 
 What the argument names, tried in this order:
 
@@ -28,26 +35,30 @@ it has committed is what is shown. Nothing here imports the SDK.
 from __future__ import annotations
 
 import json
-import sys
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-
 from flower import FlowerError
-from flower.core.events import SUMMARY_KEYS
-from flower.core.lineage import bare_name, peek
-from flower.core.manifest import read_manifest
-from flower.core.registry import RUNNING, FlowerRecord, Registry
 from flower.i18n import define, t
-from flower.stores import SESSIONS_DB
+from flower.state.lineage import bare_name, peek
+from flower.state.manifest import read_manifest
+from flower.state.registry import RUNNING, FlowerRecord, Registry, state_of
+from flower.state.stores import SESSIONS_DB
+from flower.step.events import (
+    NO_RESPONSE,
+    cut_kind,
+    entry_is_synthetic,
+    readable_result,
+    reminders,
+    tagged,
+)
 from flower.util.sanitize import clean
-
-from .cancel import find_run
-from .columns import fit, line_width
-from .columns import width as cols
-from .status import state_of
+from supervisor.cancel import find_run
+from supervisor.columns import line_width
+from supervisor.columns import width as cols
+from supervisor.out import echo, one_line
 
 CALL_CHARS = 120  # a tool call's argument, cut
 RESULT_CHARS = 160  # the first line of a tool result, cut
@@ -57,6 +68,7 @@ define(
     {
         "show.user": ("用户", "user"),
         "show.model": ("模型", "model"),
+        "show.cli": ("CLI", "CLI"),
         "show.header": ("== {step}  · 会话 {session}", "== {step}  · session {session}"),
         "show.row": (
             "   {mark} {step}  run {run}  {turns} 轮  ${cost:.4f}  {took:.1f}s{error}",
@@ -72,14 +84,39 @@ define(
         ),
         "show.run": (
             "run {run} · {flow} · {state} · {n} 条会话",
-            "run {run} · {flow} · {state} · {n} conversations",
+            "run {run} · {flow} · {state} · {n} {n|conversation|conversations}",
         ),
-        "show.lines": ("(共 {n} 行)", "({n} lines)"),
+        "show.lines": ("(共 {n} 行)", "({n} {n|line|lines})"),
         "show.thinking": ("(思考,{n} 字,略)", "(thinking, {n} chars, omitted)"),
         "show.redacted": ("(思考,已加密)", "(thinking, redacted)"),
         "show.meta": ("(系统附注)", "(system note)"),
-        "show.compact": ("(压缩摘要,{n} 行)", "(compaction summary, {n} lines)"),
+        "show.compact": ("(压缩摘要,{n} 行)", "(compaction summary, {n} {n|line|lines})"),
         "show.synthetic": ("(CLI 自己补的一句)", "(written by the CLI itself)"),
+        "show.filler": (
+            "(CLI 补的占位回复:上一轮没有回答,不是模型说的)",
+            "(a placeholder the CLI wrote for a turn that got no answer; not the model's)",
+        ),
+        "show.tools_used": ("此前用过的工具:{tools}", "tools used before: {tools}"),
+        "show.notice": ("(后台任务)", "(background task)"),
+        "show.output": ("(命令输出)", "(command output)"),
+        "show.cut.turn.user": ("(这一轮被人打断了)", "(this turn was interrupted)"),
+        "show.cut.turn.ended": (
+            "(这一轮没做完:会话先结束了)",
+            "(this turn did not finish: the session ended first)",
+        ),
+        "show.cut.stopped": (
+            "x 执行中被打断(可能已部分或全部生效)",
+            "x stopped while it ran (it may have taken effect in part or in full)",
+        ),
+        "show.cut.user": ("x 被人打断了", "x interrupted"),
+        "show.cut.skipped": (
+            "- 没有执行(这一轮提前结束了)",
+            "- not run (the turn ended before it)",
+        ),
+        "show.cut.copied": (
+            "? 没有结果(这份会话是复制来的,复制时它还没结果)",
+            "? no result (this session is a copy made before the call had one)",
+        ),
         "show.image": ("[图片]", "[image]"),
         "show.block": ("[{kind}]", "[{kind}]"),
         "show.running": ("… 还在执行", "… still running"),
@@ -235,7 +272,7 @@ def _target(st: _State, sid: str, label: str | None = None) -> Target:
 
 def conversation(run_dir: Path, session_id: str) -> list[dict[str, Any]]:
     """The turns of ``session_id``'s main transcript, in order, as plain dicts."""
-    from flower.stores.dbfile import damage
+    from flower.state.dbfile import damage
     from flower.testing.rundir import transcript
 
     db = run_dir / SESSIONS_DB
@@ -265,9 +302,9 @@ def _turns(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _assistant(
     entry: dict[str, Any], message: dict[str, Any], content: Any, names: dict[str, str]
 ) -> list[dict[str, Any]]:
-    if entry.get("isApiErrorMessage") or message.get("model") == "<synthetic>":
+    if entry_is_synthetic(entry):  # the CLI's words, not the model's
         kind = "error" if entry.get("isApiErrorMessage") else "synthetic"
-        return [{"role": "assistant", "kind": kind, "text": _text_of(content)}]
+        return [{"role": "cli", "kind": kind, "text": _text_of(content)}]
     out: list[dict[str, Any]] = []
     for block in _blocks(content):
         bt = block.get("type")
@@ -299,9 +336,6 @@ def _assistant(
 
 
 def _user(entry: dict[str, Any], content: Any, names: dict[str, str]) -> list[dict[str, Any]]:
-    kind = "compact" if entry.get("isCompactSummary") else "meta" if entry.get("isMeta") else ""
-    if isinstance(content, str):
-        return [{"role": "user", "kind": kind or "prompt", "text": content}]
     out: list[dict[str, Any]] = []
     for block in _blocks(content):
         bt = block.get("type")
@@ -309,25 +343,83 @@ def _user(entry: dict[str, Any], content: Any, names: dict[str, str]) -> list[di
             tid = str(block.get("tool_use_id", ""))
             out.append(_result(tid, names.get(tid, ""), block.get("content"), block))
         elif bt == "text":
-            out.append({"role": "user", "kind": kind or "prompt", "text": str(block.get("text"))})
+            turn = _user_text(entry, str(block.get("text")))
+            if turn is not None:
+                out.append(turn)
         else:
             out.append({"role": "user", "kind": str(bt), "text": ""})
     return out
 
 
+def _user_text(entry: dict[str, Any], text: str) -> dict[str, Any] | None:
+    """One text of a user entry: what the person (or flower) said, or what the CLI wrote
+    in the user's place (role ``cli``). None for nothing but system reminders."""
+    origin = entry.get("origin")
+    if entry.get("isCompactSummary"):
+        return {"role": "cli", "kind": "compact", "text": text}
+    if entry.get("isMeta"):
+        return {"role": "cli", "kind": "meta", "text": _note(text)}
+    cut = cut_kind(text)
+    if cut is not None:
+        return {"role": "cli", "kind": "cut", "cut": cut, "text": text}
+    notice = isinstance(origin, dict) and origin.get("kind") == "task-notification"
+    if notice or text.lstrip().startswith("<task-notification>"):
+        summary = tagged(text, "summary") or tagged(text, "status") or text
+        return {"role": "cli", "kind": "notice", "text": summary}
+    said, _ = reminders(text)
+    name = tagged(said, "command-name")
+    if name is not None:
+        args = tagged(said, "command-args") or ""
+        return {"role": "user", "kind": "prompt", "text": f"{name} {args}".strip()}
+    command = tagged(said, "bash-input")
+    if command is not None:
+        return {"role": "user", "kind": "prompt", "text": f"! {command}"}
+    output = [tagged(said, tag) for tag in _OUTPUT_TAGS]
+    if any(x is not None for x in output):
+        return {"role": "cli", "kind": "output", "text": "\n".join(x for x in output if x)}
+    if not said.strip():
+        return None  # only the CLI's reminders
+    return {"role": "user", "kind": "prompt", "text": said}
+
+
+#: Tags the CLI wraps a local command's or a ``!`` shell command's output in.
+_OUTPUT_TAGS = ("local-command-stdout", "local-command-stderr", "bash-stdout", "bash-stderr")
+#: Any tag, in a system note (the CLI's own text: its tags are not content).
+_TAG = re.compile(r"</?[a-z][a-z0-9_-]*>")
+
+
+def _note(text: str) -> str:
+    """A system note (``isMeta``) readable: reminders unwrapped, the tools used before a
+    summary named, tags taken out."""
+    rest, held = reminders(text)
+    parts = []
+    for part in [*held, rest]:
+        tools = tagged(part, "tools-used-before-summary")
+        if tools is not None:
+            parts.append(t("show.tools_used", tools=tools))
+        elif part.strip():
+            parts.append(_TAG.sub("", part).strip())
+    return "\n".join(p for p in parts if p)
+
+
 def _result(tid: str, tool: str, content: Any, block: dict[str, Any]) -> dict[str, Any]:
-    return {
+    text = _text_of(content)
+    turn = {
         "role": "user",
         "kind": "tool_result",
         "id": tid,
         "tool": tool,
         "is_error": bool(block.get("is_error")),
-        "text": _text_of(content),
+        "text": readable_result(text),
     }
+    cut = cut_kind(text)
+    if cut is not None:  # the CLI filled the result in: the call was cut off
+        turn["cut"] = cut
+    return turn
 
 
 def _ledger(db: Path, session_id: str) -> dict[str, dict[str, Any]]:
-    """The tool ledger's rows of ``session_id`` (flower.stores.ledger), read-only; {} when
+    """The tool ledger's rows of ``session_id`` (flower.state.ledger), read-only; {} when
     there is none (an older sessions.db, or no file)."""
     import sqlite3
 
@@ -407,6 +499,8 @@ def _text_of(content: Any) -> str:
 def summary(args: dict[str, Any]) -> str:
     """A call's most telling argument: the first of flower's summary keys it has (path,
     command, pattern …), else its first short text value, else its JSON."""
+    from flower.step.events import SUMMARY_KEYS  # with the result classes: for tool calls only
+
     for key in (*SUMMARY_KEYS, "prompt", "skill", "subject"):
         value = args.get(key)
         if isinstance(value, str) and value.strip():
@@ -418,11 +512,6 @@ def summary(args: dict[str, Any]) -> str:
 
 
 # -- text ------------------------------------------------------------------------------
-
-
-def one_line(text: str, limit: int) -> str:
-    """The first line of ``text``, cleaned, cut to ``limit`` columns."""
-    return fit(clean(text).strip().split("\n", 1)[0].replace("\t", " "), limit)
 
 
 def render_target(target: Target, turns: list[dict[str, Any]], width: int) -> list[str]:
@@ -451,7 +540,7 @@ def render_target(target: Target, turns: list[dict[str, Any]], width: int) -> li
 
 
 def render_turns(turns: list[dict[str, Any]], width: int, *, live: bool = False) -> list[str]:
-    labels = {"user": t("show.user"), "assistant": t("show.model")}
+    labels = {"user": t("show.user"), "assistant": t("show.model"), "cli": t("show.cli")}
     pad = max(cols(v) for v in labels.values()) + 2
     lines: list[str] = []
     role = None
@@ -479,6 +568,11 @@ def _turn_lines(turn: dict[str, Any], width: int, live: bool) -> list[str]:
         tool = clean(turn["tool"])
         return [f"* {tool}  {one_line(turn['summary'], min(CALL_CHARS, width - cols(tool) - 4))}"]
     if kind == "tool_result":
+        cut = turn.get("cut")
+        if cut == "ended":
+            return ["  " + t("show.unfinished")]
+        if cut:
+            return ["  " + t(f"show.cut.{cut}")]
         return [_folded(turn, width)]
     if kind == "pending":
         return ["  " + t("show.running" if live else "show.unfinished")]
@@ -487,13 +581,21 @@ def _turn_lines(turn: dict[str, Any], width: int, live: bool) -> list[str]:
             return [t("show.redacted")]
         return [t("show.thinking", n=len(text))]
     if kind == "meta":
-        return [f"{t('show.meta')} {one_line(text, width - 16)}"]
+        return [f"{t('show.meta')} {one_line(text, width - 16)}".rstrip()]
     if kind == "compact":
         return [t("show.compact", n=len(text.splitlines()))]
     if kind == "error":
         return [f"! {one_line(text, width - 2)}"]
     if kind == "synthetic":
+        if text.strip() == NO_RESPONSE:
+            return [t("show.filler")]
         return [f"{t('show.synthetic')} {one_line(text, width - 30)}"]
+    if kind == "cut":
+        return [t("show.cut.turn.user" if turn.get("cut") == "user" else "show.cut.turn.ended")]
+    if kind == "notice":
+        return [f"{t('show.notice')} {one_line(text, width - 20)}"]
+    if kind == "output":
+        return [f"{t('show.output')} {one_line(text, width - 16)}"]
     return [t("show.block", kind=kind)]
 
 
@@ -508,13 +610,13 @@ def _folded(turn: dict[str, Any], width: int) -> str:
 
 
 def _wrapped(text: str, width: int) -> list[str]:
-    import textwrap
-
     out: list[str] = []
     for line in clean(text).strip("\n").split("\n"):
         if cols(line) <= width:
             out.append(line)
         else:
+            import textwrap  # only for a line too long to fit
+
             out += textwrap.wrap(line, width, break_on_hyphens=False) or [""]
     return out or [""]
 
@@ -579,21 +681,3 @@ def run(what: str | None, run_dir: Path, as_json: bool) -> None:
     else:
         text = render(run_dir, sel, terminal_width())
     echo(text)
-
-
-def echo(text: str) -> None:
-    """Print, quietly ending on a closed pipe (``show | head``)."""
-    try:
-        click.echo(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_pipe()
-
-
-def _quiet_pipe() -> None:
-    import os
-
-    # Python flushes stdout again at exit and would complain: point it at /dev/null first.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(0)

@@ -24,21 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower import FlowerError, Runtime, Workbench
-from flower.core.attempt import preload
-from flower.core.proctree import PROCS
-from flower.core.registry import INTERRUPTED, KILLED
-from flower.core.reuse import report_lines
+from flower import Runtime, Workbench
 from flower.i18n import define, t
+from flower.state.registry import INTERRUPTED, KILLED
+from flower.state.reuse import report_lines
+from flower.step.attempt import preload
+from flower.step.proctree import PROCS
 from flower.workflow import Workflow
-from flower.workflow.goal import MISSING_KEY, VERDICT_KEY
-from flower.workflow.starter import CLARIFY_STEP, WORK_STEP, archive
-
-from .eventlog import EventLog
-from .flows import refuse_new_while_live
-from .oracle import Oracle
-from .placement import Forked
-from .terminal import Terminal, show_warnings
+from flower.workflow.goal import why_rejected
+from flower.workflow.starter import archive
+from supervisor.flows import refuse_new_while_live
+from supervisor.oracle import Oracle
+from supervisor.placement import Forked
+from supervisor.setup import unreachable
+from supervisor.terminal import Terminal, show_warnings
 
 define(
     {
@@ -56,37 +55,19 @@ define(
             "-- 完成 · 第 {woke} 次唤醒 · run {run}",
             "-- done · wake {woke} · run {run}",
         ),
-        "start.why.rounds": (
-            "轮数用完,目标还没达成:{reason}",
-            "out of rounds and the goal is not met yet: {reason}",
-        ),
-        "start.why.no_reason": ("判定者没给理由", "the judge gave no reason"),
-        "start.why.missing": (
-            "需求确认书还缺:{missing}",
-            "the brief still lacks: {missing}",
-        ),
         "start.why.gate": ("没通过它的检查", "it did not pass its check"),
-        "start.offline": (
-            "! 连不上 {host}:{port}({base});等它恢复,每 {every} 秒探一次,最多等 {minutes} 分钟"
-            "(Ctrl-C 停)",
-            "! cannot reach {host}:{port} ({base}); waiting for it, probing every {every} s "
-            "for up to {minutes} min (Ctrl-C to stop)",
+        "start.why.gate.named": (
+            "没通过它的检查:gate {gate} 判定不通过",
+            "it did not pass its check: its gate {gate} said no",
         ),
-        "start.offline.gave_up": (
-            "{host}:{port} {minutes} 分钟都没应答",
-            "{host}:{port} did not answer for {minutes} min",
-        ),
-        "start.offline.hint": (
-            "查一下网络;用网关的话查 ANTHROPIC_BASE_URL",
-            "check the network, or ANTHROPIC_BASE_URL if you use a gateway",
-        ),
-        "start.interrupted": (
+        "start.interrupted": ("! 已打断这一轮。", "! This round is interrupted."),
+        "start.interrupted.subagents": (
             "! 已打断这一轮。正在跑的 subagent 会丢掉半成品。",
             "! This round is interrupted. A subagent that was running loses its unfinished work.",
         ),
         "start.interrupted.waiting": (
             "  (有 {n} 个提问还等着,打断不影响它们)",
-            "  ({n} question(s) still waiting; the interrupt does not affect them)",
+            "  ({n} {n|question|questions} still waiting; the interrupt does not affect them)",
         ),
         "start.interrupted.prompt": (
             "  要说什么?(直接回车 = 什么都不说,接着跑;再按一次 Ctrl+C = 退出)",
@@ -98,6 +79,9 @@ define(
         ),
     }
 )
+
+
+HEARTBEAT_S = 5.0  # one small atomic write; status's "elapsed" of a dead flower is this close
 
 
 @dataclass
@@ -158,8 +142,11 @@ def _archive(rt: Runtime, wf: Workflow, term: Terminal) -> None:
 async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> int:
     desk = SignalDesk(rt, term)
     desk.install()
-    await _wait_for_endpoint(rt, term)
+    # Said, not waited for: a step that needs the model waits in its loop (the reference's
+    # "net" verdict just starts the run; a flow whose steps need no model is not held up).
+    unreachable(rt.resilience, term.say)
     term.rt = rt
+    rt.on_result = term.row_done  # every attempt's and judge round's cost on its own line
     term.oracle = Oracle(
         rt.run_dir,
         rt.workspace,
@@ -168,16 +155,18 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         placement=rt.placement,
     )
     term.listen()
+    beat = asyncio.get_running_loop().create_task(_heartbeat(rt))
     try:
         ctx = await wf.run(
             rt,
-            on_event=EventLog.open(rt.run_dir, rt.run_id).tee(term.on_event),
+            on_event=rt.state.event_log(rt.run_id).tee(term.on_event),
             on_step=lambda s, r: term.step_done(r),
             command=args.command,
             new=args.new,
             ask=args.ask,
         )
     finally:
+        beat.cancel()
         term.stop()
         # Before rt.drain(): an oracle's attempt is a child of the same placement.
         await term.oracle.drain()
@@ -185,7 +174,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
-        term.stop_reason = _why_stopped(ctx, stopped)
+        term.stop_reason = _why_stopped(ctx, stopped, wf)
         term.err(t("start.stopped", step=stopped, why=term.stop_reason))
         term.say(t("start.again"))
         term.closing(rt)
@@ -197,44 +186,31 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     return 0
 
 
-def _why_stopped(ctx: dict[str, Any], step: str) -> str:
-    """The stopped step's own reason: its StepAbort, what its gate found, or its error."""
+async def _heartbeat(rt: Runtime) -> None:
+    """Touch this flower's registry record every HEARTBEAT_S: a flower killed with no word
+    (kill -9, power loss) was last seen within that of its end, so status tells how long it
+    lived, not when its step began."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        rt.note()
+
+
+def _why_stopped(ctx: dict[str, Any], step: str, wf: Workflow) -> str:
+    """The stopped step's own reason: its StepAbort, its error, or why its gate said no
+    (the starter flow's gates say it themselves; another gate is named)."""
     if ctx.get("_aborted_step") == step and ctx.get("_aborted"):
         return str(ctx["_aborted"])
     result = ctx["_results"].get(step)
     if result is not None and not result.ok and result.error:
         return str(result.error)
-    verdict = ctx.get(VERDICT_KEY)
-    if step == WORK_STEP and verdict is not None:
-        return t("start.why.rounds", reason=verdict.reason or t("start.why.no_reason"))
-    if ctx.get(MISSING_KEY) and step == CLARIFY_STEP:
-        return t("start.why.missing", missing="、".join(ctx[MISSING_KEY]))
-    return t("start.why.gate")
-
-
-async def _wait_for_endpoint(rt: Runtime, term: Terminal) -> None:
-    """An unreachable endpoint is one clear line, then the wait resilience promises."""
-    res = rt.resilience
-    if not res.enabled or res.reachable():  # sync: no helper thread alive when we fork
-        return
-    host, port = res.endpoint()
-    base = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
-    minutes = f"{res.max_offline_wait / 60:g}"
-    term.say(
-        t(
-            "start.offline",
-            host=host,
-            port=port,
-            base=base,
-            every=f"{res.probe_interval:g}",
-            minutes=minutes,
-        )
-    )
-    if not await res.wait_online():
-        raise FlowerError(
-            t("start.offline.gave_up", host=host, port=port, minutes=minutes),
-            hint=t("start.offline.hint"),
-        )
+    why = why_rejected(ctx, step)
+    if why:
+        return why
+    gate = next((s.gate for s in wf.steps if s.name == step), None)
+    name = getattr(gate, "__qualname__", None)
+    if gate is None or not name:
+        return t("start.why.gate")
+    return t("start.why.gate.named", gate=f"{getattr(gate, '__module__', '?')}.{name}")
 
 
 class SignalDesk:
@@ -262,9 +238,11 @@ class SignalDesk:
     async def _interrupt(self) -> None:
         """Ctrl-C once: the step loop stops what is in flight (an attempt in its child, or a
         wait between attempts) and resumes the same session with what the person says."""
+        flying = self.rt.in_flight
         await self.rt.request_interrupt(None)
         self.term.say("")
-        self.term.say(t("start.interrupted"))
+        delegates = flying is not None and may_delegate(flying.task.spec)
+        self.term.say(t("start.interrupted.subagents" if delegates else "start.interrupted"))
         waiting = self.term.questions_waiting()
         if waiting:
             self.term.say(t("start.interrupted.waiting", n=waiting))
@@ -297,6 +275,14 @@ class SignalDesk:
             os.kill(os.getpid(), sig)
             time.sleep(5)  # the signal is delivered before this returns; belt and braces
             os._exit(128 + sig)
+
+
+def may_delegate(spec: Any) -> bool:
+    """Can a step of ``spec`` have subagents running: it declares its own ``agents`` or
+    pre-approves the ``Agent`` tool, and does not disallow it."""
+    if "Agent" in (spec.disallowed_tools or []):
+        return False
+    return bool(spec.agents) or "Agent" in (spec.allowed_tools or [])
 
 
 def _flush() -> None:

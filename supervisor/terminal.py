@@ -12,6 +12,13 @@ one line at a time, and a line goes to exactly one place:
 - else the inbox: appended to 需求.md, seen by the worker the next time it looks;
 - a line starting with ``?`` or ``？`` goes to the oracle instead, question or not.
 
+One voice per block: a step's header (``== 干活 ===…  3/3``) opens its block, and an attempt
+of another label (a judge round ``干活·判定#1``, ``干活#round2``, ``#retryN``) opens a block of
+its own under its label, so a judge never speaks inside the worker's block. Every manifest
+row this process writes gets its cost on a line of its own the moment it is recorded
+(:meth:`Terminal.row_done`; a map step's items are summed on the step's line), so the lines
+above ``总花费 $X`` add up to it.
+
 On a terminal the last line is always the input prompt: every line printed first erases it
 and then draws it again below. Model and tool text is printed without any escape sequence
 or control character (:func:`flower.util.sanitize.clean`); the only escapes that reach the
@@ -31,13 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from flower.core.result import Event, StepResult
 from flower.i18n import define, t
+from flower.state.result import Event, StepResult
 from flower.util.sanitize import clean
-
-from .columns import cut, fit, line_width, width
-from .oracle import is_question
-from .placement import DIED
+from supervisor.columns import cut, fit, line_width, width
+from supervisor.oracle import is_question
+from supervisor.placement import DIED
 
 RULE_WIDTH = 38
 MAX_WIDTH = 110  # the reference: max(40, min(terminal columns, 110))
@@ -98,7 +104,7 @@ define(
         ),
         "term.asked": ("? {question}", "? {question}"),
         "term.option": ("   {i}) {option}", "   {i}) {option}"),
-        "term.remaining": ("   (还能问 {n} 次)", "   ({n} more question(s) allowed)"),
+        "term.remaining": ("   (还能问 {n} 次)", "   ({n} more {n|question|questions} allowed)"),
         "term.answered": ("+ {answer}", "+ {answer}"),
         "term.timeout": (
             "! 无人应答 —— 它会自己判断,把假设记进「未知与假设」",
@@ -147,7 +153,8 @@ define(
         "term.status": (
             "- {step} · {turns} 轮 · 工具 {tools} 次 · 上下文 {context} · 累计 ${cost:.4f} · "
             "用时 {elapsed}",
-            "- {step} · {turns} turns · {tools} tool calls · context {context} · "
+            "- {step} · {turns} {turns|turn|turns} · {tools} {tools|tool call|tool calls} · "
+            "context {context} · "
             "so far ${cost:.4f} · {elapsed}",
         ),
         "term.closing": (
@@ -261,6 +268,9 @@ class Terminal:
         self.colour = _isatty(self.out) and not os.environ.get("NO_COLOR")
         self.status_every = _float_env("FLOWER_STATUS_EVERY", STATUS_EVERY_S)
         self._reused: set[str] = set()
+        self._block = ""  # the label whose block is on the screen now ("" before any step)
+        self._map = ""  # the map step running now: its items' rows are summed on its line
+        self._map_spent = 0.0
         self._questions: dict[str, _Question] = {}
         self._handed: set[str] = set()  # questions given a line, their outcome not shown yet
         self._waiters: collections.deque[tuple[asyncio.Future[str | None], str]] = (
@@ -352,6 +362,7 @@ class Terminal:
     def on_event(self, ev: Event) -> None:
         if self.oracle is not None:
             self.oracle.recent.add(ev)  # the oracle's window of recent events
+        self._follow(ev)
         self._count(ev)
         handler = getattr(self, f"_ev_{ev.kind}", None)
         if handler is not None:
@@ -364,10 +375,12 @@ class Terminal:
             mark = "+" if p.get("ok", True) else "x"
             self.say(f"  {mark} {ev.text}  {self._map_done}/{self._map_total}")
             return
-        if "items" in p:
-            self._map_total, self._map_done = int(p["items"]), 0
-        pos = f"{p.get('index', 0) + 1}/{p.get('total', 1)}"
         name = ev.text or ev.step  # Event("step"): the text is the step's name
+        self._map = name if "items" in p else ""
+        if "items" in p:
+            self._map_total, self._map_done, self._map_spent = int(p["items"]), 0, 0.0
+        pos = f"{p.get('index', 0) + 1}/{p.get('total', 1)}"
+        self._block = name
         head = rule(name) + f"  {pos}"
         if p.get("reused"):
             self._reused.add(name)
@@ -378,6 +391,21 @@ class Terminal:
         else:
             self.say(head)
         self._began(name)
+
+    def _follow(self, ev: Event) -> None:
+        """An attempt of another label than the block on the screen (a judge round, the
+        next round, a retry) opens a block of its own: ``== 干活·判定#1 ====…``. Questions
+        and what the person said belong to no attempt; a map's items share their step's
+        block; before the first step (``flower once``) there are no blocks."""
+        if ev.kind not in ("step", "ask"):
+            self._open(ev.step)
+
+    def _open(self, label: str) -> None:
+        if not label or label == self._block or not self._block or self._map:
+            return
+        self._block = label
+        self.say(rule(label))
+        self._began(label)
 
     def _ev_text(self, ev: Event) -> None:
         if ev.payload.get("subagent") and not self.verbose:
@@ -586,17 +614,35 @@ class Terminal:
             elapsed=clock(time.monotonic() - float(s.get("began", time.monotonic()))),
         )
 
+    def row_done(self, result: StepResult) -> None:
+        """A manifest row this process just wrote (``Runtime.on_result``): its cost on a
+        line of its own, at the end of its block. A map step's items are summed on the
+        step's own line instead (:meth:`step_done`)."""
+        if self._map:
+            self._map_spent += result.cost_usd
+            return
+        self._open(result.step)  # an attempt that ended before it said anything
+        self._cost_line(result, result.cost_usd)
+
     def step_done(self, result: StepResult) -> None:
+        """A step is over (``Workflow.run``'s ``on_step``). Its attempts' rows have had
+        their lines already (:meth:`row_done`); a map step gets its line now, with what its
+        items cost in this process (a reused item's old cost was not spent again)."""
         if self.oracle is not None:
             self.oracle.recent.add_result(result)
         if self._step:
             self._step["ended"] = True
         if result.step in self._reused:
             return  # the step line already said so; its old cost was not spent again
+        if self._map and result.step == self._map:
+            self._map = ""
+            self._cost_line(result, self._map_spent)
+
+    def _cost_line(self, result: StepResult, cost: float) -> None:
         fields = {
             "step": result.step,
             "duration": clock(result.duration_s),
-            "cost": result.cost_usd,
+            "cost": cost,
             "error": result.error or "",
         }
         if result.ok:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the scripted model server and a flower workspace for end-to-end tests."""
+"""Shared fixtures: the scripted model server, a flower workspace for end-to-end tests, and a
+PostgreSQL database per test."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from flower.testing.model_server import ModelServer
 # Fixtures for users' tests and ours alike, made available to every test module by name.
 from flower.testing.pytest_helpers import claude_home, model_server, reaper  # noqa: F401
 
-from .e2e import Flower
+# A real PostgreSQL: the suite's server (scripts/test.sh) and a fresh database per test.
+from flower.testing.pytest_postgres import pg_dsn, pg_server  # noqa: F401
+
+# Both session backends, for the store layers' rules checked on each (tests/backends.py).
+from tests.backends import backend  # noqa: F401
+from tests.e2e import Flower
 
 
 @pytest.fixture(autouse=True)

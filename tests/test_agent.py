@@ -12,7 +12,7 @@ from claude_agent_sdk import HookMatcher
 from claude_agent_sdk.types import EffortLevel, PermissionMode
 
 from flower import AgentSpec, ConfigError, build_options
-from flower.core.agent import EFFORTS, PERMISSION_MODES, CompactPolicy
+from flower.agents.agent import ALWAYS_LOAD, EFFORTS, PERMISSION_MODES, CompactPolicy
 
 SPEC = AgentSpec(name="a", instructions="do things")
 
@@ -46,6 +46,18 @@ def test_every_field_that_shapes_behaviour_is_in_the_fingerprint() -> None:
         assert flipped.fingerprint() != base, name
     assert replace(SPEC, instructions="other").fingerprint() != base
     assert replace(SPEC, allowed_tools=["Bash"]).fingerprint() != base
+
+
+def test_how_the_cli_offers_a_servers_tools_is_not_in_the_fingerprint() -> None:
+    """alwaysLoad decides whether the CLI defers a server's tools, not which ones the agent
+    has: a step recorded before the human channel's server carried it keeps its hash."""
+    server = {"type": "stdio", "command": "serve-things"}
+    plain = replace(SPEC, mcp_servers={"things": server})
+    marked = replace(SPEC, mcp_servers={"things": {**server, ALWAYS_LOAD: True}})
+    assert marked.fingerprint() == plain.fingerprint()
+    other = replace(SPEC, mcp_servers={"things": {**server, "command": "serve-others"}})
+    assert other.fingerprint() != plain.fingerprint()
+    assert plain.fingerprint() != SPEC.fingerprint()
 
 
 def test_build_options_passes_what_each_option_names(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ import pytest
 from claude_agent_sdk import AssistantMessage, SystemMessage, TextBlock
 
 from flower import AgentSpec
-from flower.core.attempt import AttemptState
-from flower.core.call import StepCall
-from flower.core.placement import Watch
+from flower.step.attempt import AttemptState
+from flower.step.call import StepCall
+from flower.step.placement import Watch
 
 pytestmark = pytest.mark.timeout(30)
 

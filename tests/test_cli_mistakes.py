@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from flower import __version__
-
-from .e2e import REPO
+from tests.e2e import REPO
 
 pytestmark = pytest.mark.timeout(60)  # a few short flower-super processes, no model
 

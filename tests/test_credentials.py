@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from flower.core import credentials
-from flower.core.credentials import (
+from flower.i18n import keys, t, texts
+from flower.people import credentials
+from flower.people.credentials import (
     KNOWN_KEYS,
     config_env_path,
     load_credentials,
     load_dotenv,
     source_above_config,
 )
-from flower.i18n import keys, t, texts
 from supervisor import setup
 from supervisor.setup import configure, describe_credentials, looks_like_credentials_error, mask
 

@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from flower import Runtime, Workbench, read_manifest
-from flower.core.resilience import Resilience
+from flower.step.resilience import Resilience
 from flower.testing.model_server import ModelServer, RecordedRequest
-
-from .e2e import Flower, attempt_child, cli_under, wait_until
-from .flows import inside
+from tests.e2e import Flower, attempt_child, cli_under, wait_until
+from tests.flows import inside
 
 pytestmark = pytest.mark.e2e
 
@@ -289,7 +288,7 @@ def test_a_bug_in_flower_in_process_fails_the_step_at_once(model_server, flower_
     def see(self: Any, msg: Any) -> None:
         raise KeyError("usage (a planted bug)")
 
-    monkeypatch.setattr("flower.core.attempt.AttemptState.see", see)
+    monkeypatch.setattr("flower.step.attempt.AttemptState.see", see)
     CountingProbes.probes = 0
     rt = Runtime(workspace=f.ws, run_dir=f.runs, resilience=CountingProbes())
     try:
@@ -303,4 +302,63 @@ def test_a_bug_in_flower_in_process_fails_the_step_at_once(model_server, flower_
     assert "Traceback" in log.read_text()
     assert CountingProbes.probes == 0, "a crash probed the network"
     assert len(asked(server, "inbug")) == 1
+    f.assert_no_survivors()
+
+
+# --- per-step settings travel with the step call (issue 18) ------------------------------
+
+
+@pytest.mark.timeout(90)  # three in-process CLI turns side by side, then three quick attempts
+def test_a_map_of_irreversible_items_leaves_the_next_step_its_full_max_attempts(
+    model_server, flower_env, monkeypatch
+):
+    """Each ``idempotent=False`` item gets one attempt, and that is the item's own: two of
+    them side by side leave the Runtime's policy whole, so the step after the map is
+    retried after a 529 exactly as often as the policy says (before, the items restored
+    each other's swapped policy and left ``max_attempts=1`` behind)."""
+    from flower import MapStep, Step, Workflow
+
+    server = model_server(
+        {
+            "conversations": [
+                conversation("map-a", [{"text": "map-a done."}]),
+                # Still answering when map-a has finished: the two items overlap.
+                conversation("map-b", [{"error": 529, "delay": 2}]),
+                conversation("after", [{"error": 529}]),  # every request: a 529
+            ]
+        }
+    )
+    f: Flower = flower_env(server)
+    for key, value in f.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(f.root)
+    flow = Workflow(
+        [
+            MapStep(
+                "each",
+                inside.hands,
+                prompt=lambda ctx, item: f"[[{item}]] go",
+                over="items",
+                idempotent=False,
+                on_fail="continue",
+            ),
+            Step("after", inside.hands, "[[after]] go"),
+        ],
+        name="irreversible-map",
+        context={"items": ["map-a", "map-b"]},
+    )
+    policy = Resilience(max_attempts=3, base_delay=0.2, max_delay=1.0)
+    rt = Runtime(workspace=f.ws, run_dir=f.runs, resilience=policy)
+    try:
+        asyncio.run(flow.run(rt))
+    finally:
+        rt.close()
+    rows = {row["step"]: row for row in read_manifest(f.runs)}
+    assert rows["each[0]"]["ok"] and rows["each[0]"]["attempts"] == 1, rows["each[0]"]
+    assert not rows["each[1]"]["ok"] and rows["each[1]"]["attempts"] == 1, rows["each[1]"]
+    assert len(asked(server, "map-b")) == 1, "an irreversible item was retried"
+    after = rows["after"]
+    assert not after["ok"] and after["attempts"] == 3 and len(after["errors"]) == 3, after
+    assert len(asked(server, "after")) == 3, "the step after the map did not get max_attempts"
+    assert rt.resilience is policy
     f.assert_no_survivors()

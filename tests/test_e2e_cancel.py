@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from .e2e import Flower
-from .test_e2e_kill import FLOW, HOLD, bash, script, waiting_on
+from tests.e2e import Flower
+from tests.test_e2e_kill import FLOW, HOLD, bash, script, waiting_on
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # two flower runs of real CLI turns
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from .e2e import REPO, Flower
+from tests.e2e import REPO, Flower
 
 pytestmark = pytest.mark.e2e
 

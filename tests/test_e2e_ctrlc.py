@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from . import e2e
-from .e2e import Flower, attempt_child, wait_until
+from tests import e2e
+from tests.e2e import Flower, attempt_child, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # real CLI turns plus a resumed run
 
@@ -39,6 +39,9 @@ def test_ctrl_c_once_then_a_sentence_reaches_the_same_session(model_server, flow
         assert term.wait() == 0, term.pump()
     finally:
         term.close()
+    # A step that cannot delegate has no subagent to lose: the warning is not given.
+    shown = term.raw.decode("utf-8", "replace")
+    assert "! 已打断这一轮。\r\n" in shown and "subagent" not in shown, shown
     asked = [
         r
         for r in server.requests
@@ -51,6 +54,25 @@ def test_ctrl_c_once_then_a_sentence_reaches_the_same_session(model_server, flow
     )
     (row,) = f.rows("only")
     assert row["ok"] and row["attempts"] == 1 and row["session_id"] == first.session_id, row
+    f.assert_no_survivors()
+
+
+def test_ctrl_c_in_a_step_with_subagents_warns_that_they_lose_their_work(model_server, flower_env):
+    turns = [{"text": "协调完了。", "delay": 90, "times": 1}]
+    spec = {"name": "coordinate", "match": {"marker": "[[coordinate]]"}, "turns": turns}
+    server = model_server({"conversations": [spec]})
+    f: Flower = flower_env(server)
+    term = Pty(f, flow="tests.flows.roles:coordinated")  # a coordinator with a worker
+    try:
+        server.wait_for(lambda reqs: any(r.conversation == "coordinate" for r in reqs), 60)
+        term.type(b"\x03")
+        term.expect("! 已打断这一轮。正在跑的 subagent 会丢掉半成品。")
+        term.type(b"\n")
+        assert term.wait() == 0, term.pump()
+    finally:
+        term.close()
+    (row,) = f.rows("协调")
+    assert row["ok"] and row["attempts"] == 1, row
     f.assert_no_survivors()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .e2e import Flower
+from tests.e2e import Flower
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]  # two short flower runs and a status
 

@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 
 from flower.testing.model_server import ModelServer
-
-from . import e2e
-from .e2e import Flower
-from .test_e2e_starter import (
+from tests import e2e
+from tests.e2e import Flower
+from tests.test_e2e_starter import (
     ASK,
     ASKS_FIRST,
     BRIEF,
@@ -75,7 +74,7 @@ def data_strings(value: Any) -> list[str]:
 
 def flowers_own(out: str, data: list[str]) -> list[str]:
     """The output's lines with the model's words and the step labels taken out."""
-    labels = ["确认需求", "设定目标", "干活", "需求.md", "目标.md", "问答记录.md"]
+    labels = ["确认需求", "设定目标", "干活·判定", "干活", "需求.md", "目标.md", "问答记录.md"]
     own = []
     for line in out.splitlines():
         for s in sorted([*data, *labels], key=len, reverse=True):
@@ -84,14 +83,20 @@ def flowers_own(out: str, data: list[str]) -> list[str]:
     return own
 
 
-def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archives(
-    model_server, flower_env, tmp_path
-):
+def sent_back_once(model_server, flower_env, tmp_path) -> tuple[ModelServer, Flower, dict]:
+    """The starter flow scripted so that the judge sends the first round of work back, with
+    the credential probe's one request answered; its server, flower and script."""
     ws = tmp_path / "f0" / "ws"
     spec = script(ws, clarify=ASKS_FIRST, coordinate=WORK, verdict=NOT_MET)
     spec["default"] = ["ok"]  # the credential probe's one request
     server = model_server(spec)
-    f: Flower = flower_env(server)
+    return server, flower_env(server), spec
+
+
+def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archives(
+    model_server, flower_env, tmp_path
+):
+    server, f, spec = sent_back_once(model_server, flower_env, tmp_path)
 
     # A fresh directory, unattended, in English: the whole flow through the supervisor.
     code, out, err = flower(f, ASK, "--timeout", "0", lang="en")
@@ -130,6 +135,65 @@ def test_flower_runs_the_starter_flow_wakes_it_hears_a_piped_sentence_and_archiv
     assert {"lineage.json", "需求.md", "目标.md"} <= {p.name for p in archived.iterdir()}
     assert f.lineage()["steps"]["干活"] != work
     no_api_errors(server)
+    f.assert_no_survivors()
+
+
+HEADER = re.compile(r"^== (\S+) =+(?:  \d+/\d+)?")
+COST = re.compile(r"^  [+x] (\S+)  \d+:\d\d · \$([0-9.]+)")
+
+
+def blocks(out: str) -> list[tuple[str, list[str]]]:
+    """The screen cut into its blocks: each header's label and the lines under it."""
+    found: list[tuple[str, list[str]]] = []
+    for line in out.splitlines():
+        head = HEADER.match(line)
+        if head:
+            found.append((head.group(1), []))
+        elif found:
+            found[-1][1].append(line)
+    return found
+
+
+def test_each_round_and_judge_round_has_its_block_and_the_costs_on_screen_add_up(
+    model_server, flower_env, tmp_path
+):
+    _, f, _ = sent_back_once(model_server, flower_env, tmp_path)
+    code, out, err = flower(f, ASK, "--timeout", "0")
+    assert code == 0, out + err
+
+    # One voice per block: the judge rounds speak under their own headers.
+    shown = blocks(out)
+    labels = ["确认需求", "设定目标", "干活", "干活·判定#1", "干活#round2", "干活·判定#2"]
+    assert [label for label, _ in shown] == labels, out
+    said = dict(shown)
+    assert "  第一轮做完了。" in said["干活"] and "  未达成" in said["干活·判定#1"], out
+    assert not [x for x in said["干活"] + said["干活#round2"] if "结论" in x or "* Read" in x]
+    assert "  第二轮做完了。" in said["干活#round2"] and "  达成" in said["干活·判定#2"], out
+
+    # Each block ends its own attempt with its own cost line: the manifest's rows, one each.
+    costs = {}
+    for label, lines in shown:
+        mine = [m for m in map(COST.match, lines) if m]
+        assert [m.group(1) for m in mine] == [label], lines
+        costs[label] = float(mine[0].group(2))
+    rows = {r["step"]: r["cost_usd"] for r in f.manifest()}
+    assert costs == pytest.approx(rows, abs=1e-4)
+    total = float(re.search(r"总花费 \$([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    assert sum(costs.values()) == pytest.approx(total, abs=5e-5 * (len(costs) + 1)), out
+
+    # `show 干活`: the coder's report, not the frame the CLI hands it back in.
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "show", "干活", "-r", str(f.runs)],
+        cwd=f.ws,
+        env={**f.env, "FLOWER_LANG": "zh"},
+        capture_output=True,
+        timeout=60,
+    )
+    text = done.stdout.decode()
+    assert done.returncode == 0, text + done.stderr.decode()
+    assert "-> CODER1: 写了初版\n" in text and "-> CODER2: 写完了\n" in text, text
+    for marker in ("<tools-used-before-summary>", "[Subagent hand-back]", "agentId:", "<usage>"):
+        assert marker not in text, text
     f.assert_no_survivors()
 
 
@@ -242,12 +306,25 @@ def test_an_empty_ask_with_nothing_to_wake_and_a_step_that_stops(model_server, f
     )
     f: Flower = flower_env(server)
     code, out, err = flower(f)  # stdin is not a terminal and says nothing
-    assert code == 1 and "要给一句诉求,例如 flower '帮我做一个 X'" in err.splitlines(), out + err
+    # The reference's line for an empty first request (issue 17), refused before any request.
+    line = '诉求是空的。直接 `flower` 然后按提示输入,或者 flower "帮我做一个 X"。'
+    assert code == 1 and line in err.splitlines(), out + err
+    assert server.requests == []
     # A step whose error is not worth retrying stops the run: its line, exit 1.
     code, out, err = flower(f, "run", "tests.flows.basic:one")
     assert code == 1, out + err
     assert any(x.startswith("在步骤 'only' 中止") for x in err.splitlines()), err
     assert "总花费 $" in out and "Traceback" not in err
+    f.assert_no_survivors()
+
+
+def test_a_gate_of_ones_own_that_says_no_is_named_in_the_stop_line(model_server, flower_env):
+    server = model_server({"conversations": [conv("checked", ["Not done."])], "default": ["ok"]})
+    f: Flower = flower_env(server)
+    code, out, err = flower(f, "run", "tests.flows.basic:gated", lang="en")
+    assert code == 1, out + err
+    line = "stopped at step 'checked': it did not pass its check: its gate "
+    assert line + "tests.flows.basic.says_pass said no" in err.splitlines(), err
     f.assert_no_survivors()
 
 
@@ -322,7 +399,11 @@ def test_once_shows_its_real_time_and_cost_and_resumes(model_server, flower_env)
     assert float(m.group(3)) == pytest.approx(row["cost_usd"], abs=1e-4)
     assert m.group(4) == row["session_id"]
     shown = int(m.group(1)) * 60 + int(m.group(2))
-    assert shown >= 1 and 0 <= took - shown < 3, (shown, took)
+    # What it shows is what the step took (its manifest row's duration, to the second shown),
+    # never more than the whole command took (start-up and the credentials probe before it
+    # stretch under load, so the wall clock bounds it from above only).
+    assert shown >= 1 and shown <= took, (shown, took)
+    assert abs(shown - row["duration_s"]) < 1.5, (shown, row["duration_s"])
     assert f"总花费 ${row['cost_usd']:.4f} · 清单 {f.runs / 'manifest.json'}" in out
     # --resume carries that session on.
     code, out, err = flower(f, "once", "[[once]] 再看一眼", "--resume", row["session_id"])

@@ -23,14 +23,13 @@ from typing import Any
 
 import pytest
 
-from flower.core.agent import AgentSpec
-from flower.core.runtime import Runtime
-from flower.core.window import HandoffPolicy
+from flower.agents.agent import AgentSpec
 from flower.docs.handoff import HANDOFF_PROMPT, Handoff, degraded
+from flower.step.runtime import Runtime
+from flower.step.window import HandoffPolicy
 from flower.testing.cli_env import cli_env
 from flower.testing.model_server import ModelServer, RecordedRequest
-
-from .e2e import Flower
+from tests.e2e import Flower
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from .e2e import Flower, wait_until
-from .test_e2e_kill import FLOW, bash
+from tests.e2e import Flower, wait_until
+from tests.test_e2e_kill import FLOW, bash
 
 pytestmark = pytest.mark.e2e  # one flower run, ~15 short flower-super calls: ~8 s here
 

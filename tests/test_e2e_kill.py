@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from .e2e import Flower, kill, wait_until
+from tests.e2e import Flower, kill, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # two flower runs of real CLI turns each
 

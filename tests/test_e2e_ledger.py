@@ -25,10 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from flower.stores.ledger import NOT_FINISHED_TEXT
+from flower.state.ledger import NOT_FINISHED_TEXT
 from flower.testing.rundir import transcript
-
-from .e2e import Flower, kill, wait_until
+from tests.e2e import Flower, kill, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from flower.testing.model_server import ModelServer
-
-from .e2e import Flower
+from tests.e2e import Flower
 
 # Six short runs of a four-step flow (each step one CLI turn when it runs).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -150,7 +149,7 @@ HOLD = 90  # the scripted model "thinks" this long (once) so the drill can kill 
 
 
 def test_kill_9_in_step_3_of_4_resumes_there_and_pays_nothing_twice(model_server, flower_env):
-    from .e2e import kill, wait_until
+    from tests.e2e import kill, wait_until
 
     server = model_server(
         {
@@ -231,7 +230,7 @@ def test_a_map_reruns_only_the_item_that_changed(model_server, flower_env):
 
 
 def test_kill_9_mid_map_resumes_the_unfinished_item_in_its_own_session(model_server, flower_env):
-    from .e2e import kill, wait_until
+    from tests.e2e import kill, wait_until
 
     server = model_server(
         {

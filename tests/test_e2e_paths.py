@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .e2e import Flower
+from tests.e2e import Flower
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # one flower run, two steps, a handoff
 

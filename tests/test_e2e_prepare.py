@@ -12,8 +12,7 @@ import psutil
 import pytest
 
 from flower.testing.model_server import ModelServer
-
-from .e2e import Flower, cli_under, kill, wait_until
+from tests.e2e import Flower, cli_under, kill, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]  # one flower run of two or three turns
 

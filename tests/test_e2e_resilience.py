@@ -19,12 +19,11 @@ import psutil
 import pytest
 from claude_agent_sdk import project_key_for_directory
 
-from flower.core.resilience import TRANSIENT, classify
-from flower.core.runtime import Runtime
-from flower.stores.sqlite import SqliteSessionStore
+from flower.state.sqlite import SqliteSessionStore
+from flower.step.resilience import TRANSIENT, classify
+from flower.step.runtime import Runtime
 from flower.testing.model_server import ModelServer, RecordedRequest
-
-from .e2e import Flower, cli_under, wait_until
+from tests.e2e import Flower, cli_under, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from flower.testing.model_server import ModelServer, RecordedRequest
-
-from .e2e import Flower
+from tests.e2e import Flower
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # one flower run of a few CLI turns
 

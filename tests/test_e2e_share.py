@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from .e2e import Flower, kill
+from tests.e2e import Flower, kill
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # several real CLI runs side by side
 

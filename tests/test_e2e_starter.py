@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 
-from flower.core.human import TIMEOUT
+from flower.people.human import TIMEOUT
 from flower.testing.model_server import ModelServer, RecordedRequest
 from flower.workflow.goal import CLARIFY_RESUME
-
-from .e2e import Flower, wait_until
+from tests.e2e import Flower, wait_until
 
 # Each test runs flower-super two or three times; a run is 3-6 CLI sessions of a few turns.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

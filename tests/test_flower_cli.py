@@ -83,7 +83,8 @@ def test_counted_flags_are_5_global_11_go_6_once():
         return flags - {"workspace", "run_dir", "verbose", "workbench", "trim"}
 
     glob = {a.dest for a in p._actions if a.option_strings and a.dest != "help"}
-    assert len(glob) == 5
+    # The reference's five global flags, and --version (issue 17: flower-super had one).
+    assert glob == {"workspace", "run_dir", "verbose", "workbench", "trim", "version"}
     assert len(own(choices["go"])) == 11
     assert len(own(choices["once"])) == 6
     # run's one flag is issue 11's --verify (the reference's run had none); setup has none.
@@ -106,8 +107,10 @@ def flower(*args: str, cwd: Path, env_extra: dict[str, str] | None = None, stdin
 
 
 def test_a_bad_permission_mode_is_argparses_exit_2(tmp_path):
-    done = flower("once", "hi", "-p", "yolo", cwd=tmp_path)
-    assert done.returncode == 2 and "invalid choice" in done.stderr
+    done = flower("once", "hi", "-p", "yolo", cwd=tmp_path)  # in Chinese, as conftest has it
+    assert done.returncode == 2 and "'yolo' 不是可选的值" in done.stderr, done.stderr
+    done = flower("once", "hi", "-p", "yolo", cwd=tmp_path, env_extra={"FLOWER_LANG": "en"})
+    assert done.returncode == 2 and "invalid choice: 'yolo'" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(

@@ -38,9 +38,9 @@ from flower import (
     wake_state,
     with_goal,
 )
-from flower.workflow.goal import ACCEPT, AMEND, CLARIFY_RESUME, NO_RUNTIME, WRONG
-
-from .test_workflow import FakeRuntime, labels, run
+from flower.docs.verdict import VAGUE_REASON
+from flower.workflow.goal import ACCEPT, AMEND, CLARIFY_RESUME, NO_RUNTIME, WRONG, why_rejected
+from tests.test_workflow import FakeRuntime, labels, run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,6 +108,58 @@ def test_a_vague_verdict_is_not_met_and_says_so(tmp_path):
     v = ctx[VERDICT_KEY]
     assert not v.ok and not v.achieved and v.reason
     assert ctx["_failed_at"] == "干活" and "干活" not in {k for k in ctx if not k.startswith("_")}
+
+
+def test_an_unclear_verdict_gets_the_default_reason_not_the_judges_words(tmp_path):
+    # api.md, with_goal step 7: an ambiguous verdict is not achieved, with a default reason
+    # saying the verdict was unclear; the worker's next round is told that.
+    wf, _ = guarded(tmp_path, unattended(), rounds=2)
+    rt = FakeRuntime(tmp_path, {"干活·判定#1": ["text:看起来还行吧"], "干活·判定#2": [MET]})
+    run(wf, rt)
+    assert labels(rt) == ["干活", "干活·判定#1", "干活#round2", "干活·判定#2"]
+    told = rt.calls[2]["prompt"]
+    assert VAGUE_REASON in told and "看起来还行吧" not in told, told
+
+
+@pytest.mark.parametrize(
+    ("lang", "expected"),
+    [
+        (
+            "en",
+            "after 2 round(s) the goal is not met yet. The judge (干活·判定#2) concluded: "
+            "not achieved. Reason: 还差测试 (failed: 跑得通)",
+        ),
+        (
+            "zh",
+            "做了 2 轮,目标还没达成。判定者(干活·判定#2)的结论:"
+            "未达成。理由:还差测试(没通过:跑得通)",
+        ),
+    ],
+)
+def test_out_of_rounds_says_which_judge_and_what_it_concluded(
+    tmp_path, monkeypatch, lang, expected
+):
+    monkeypatch.setenv("FLOWER_LANG", lang)
+    wf, _ = guarded(tmp_path, unattended(), rounds=2)
+    first = NOT_MET.replace("还差测试", "只有个框架")
+    ctx = run(wf, FakeRuntime(tmp_path, {"干活·判定#1": [first], "干活·判定#2": [NOT_MET]}))
+    assert ctx["_failed_at"] == "干活"
+    assert why_rejected(ctx, "干活") == expected
+
+
+def test_an_unclear_last_verdict_says_so_and_quotes_the_judge(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWER_LANG", "en")
+    wf, _ = guarded(tmp_path, unattended(), rounds=1)
+    ctx = run(wf, FakeRuntime(tmp_path, {"干活·判定#1": ["text:Looks fine to me\nmostly"]}))
+    why = why_rejected(ctx, "干活")
+    assert "no clear conclusion, counted as not achieved" in why, why
+    assert "(its reply began: “Looks fine to me”)" in why, why
+
+
+def test_a_passing_round_clears_what_an_earlier_one_said(tmp_path):
+    wf, _ = guarded(tmp_path, unattended())
+    ctx = run(wf, FakeRuntime(tmp_path, {"干活·判定#1": [NOT_MET], "干活·判定#2": [MET]}))
+    assert "_failed_at" not in ctx and why_rejected(ctx, "干活") == ""
 
 
 def test_unreachable_with_nobody_answering_aborts_without_using_the_rounds(tmp_path):
@@ -199,6 +251,57 @@ def test_an_incomplete_brief_fails_naming_what_is_missing(tmp_path):
     ctx = run(Workflow([step]), FakeRuntime(tmp_path, {"确认需求": ["text:## 目标\n写脚本"]}))
     assert set(ctx[MISSING_KEY]) == {"验收标准", "边界", "未知与假设"}
     assert not brief.exists() and ctx["_failed_at"] == "确认需求"
+
+
+@pytest.mark.parametrize(
+    ("lang", "expected"),
+    [
+        (
+            "en",
+            "the brief still lacks: acceptance criteria (验收标准), bounds (边界), unknowns and "
+            "assumptions (未知与假设). The clarifier's last reply has no such section (it began: "
+            "“好的,我这就去做。”); it must end with the four sections ## 目标 / ## 验收标准 / "
+            "## 边界 / ## 未知与假设",
+        ),
+        (
+            "zh",
+            "需求确认书还缺:验收标准、边界、未知与假设。确认者的最后一条回复里没有这几段"
+            "(回复开头:“好的,我这就去做。”);它要以 ## 目标 / ## 验收标准 / ## 边界 / "
+            "## 未知与假设 四段收尾",
+        ),
+    ],
+)
+def test_an_incomplete_brief_says_what_is_missing_and_why(tmp_path, monkeypatch, lang, expected):
+    monkeypatch.setenv("FLOWER_LANG", lang)
+    step = clarify_step(unattended(), brief_path=tmp_path / "需求.md", prompt="做个 X")
+    reply = "text:好的,我这就去做。\n\n## 目标\n写脚本"
+    ctx = run(Workflow([step]), FakeRuntime(tmp_path, {"确认需求": [reply]}))
+    assert why_rejected(ctx, "确认需求") == expected
+
+
+@pytest.mark.parametrize(
+    ("lang", "expected"),
+    [
+        (
+            "en",
+            "the goal still lacks: checklist (判定清单). The goal setter's reply has no such "
+            "section (it began: “## 目标”); it must answer with the two sections ## 目标 / "
+            "## 判定清单",
+        ),
+        (
+            "zh",
+            "目标还缺:判定清单。设定目标的回复里没有这几段(回复开头:“## 目标”);"
+            "它要分 ## 目标 / ## 判定清单 两段回答",
+        ),
+    ],
+)
+def test_an_incomplete_goal_says_what_is_missing_and_why(tmp_path, monkeypatch, lang, expected):
+    monkeypatch.setenv("FLOWER_LANG", lang)
+    step = goal_step(unattended(), goal_path=tmp_path / "目标.md")
+    rt = FakeRuntime(tmp_path, {"设定目标": ["text:## 目标\n脚本能用\n\n都检查一下"]})
+    ctx = run(Workflow([step], context={"确认需求": BRIEF}), rt)
+    assert ctx["_failed_at"] == "设定目标" and why_rejected(ctx, "设定目标") == expected
+    assert not (tmp_path / "目标.md").exists()
 
 
 def test_goal_step_warns_about_unverifiable_checks_at_once(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from claude_agent_sdk import AgentDefinition, HookMatcher
 
-from flower.core.guard import (
+from flower.agents.guard import (
     BULKY,
     HANDS_ON,
     delegate_guard,
@@ -30,7 +30,7 @@ from flower.core.guard import (
     whitelist_guard,
     workbench_hooks,
 )
-from flower.core.workbench import Workbench
+from flower.agents.workbench import Workbench
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -464,7 +464,7 @@ def test_workbench_hooks_install_the_agent_guard_for_subagents(wb: Workbench) ->
 
 
 def test_importing_the_hook_layer_does_not_import_the_sdk() -> None:
-    code = "import sys, flower.core.guard; print('claude_agent_sdk' in sys.modules)"
+    code = "import sys, flower.agents.guard; print('claude_agent_sdk' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=20
     )

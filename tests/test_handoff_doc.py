@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flower.core.window import HandoffPolicy, default_window
 from flower.docs.handoff import (
     HANDOFF_PROMPT,
     HEADINGS,
@@ -21,6 +20,7 @@ from flower.docs.handoff import (
     degraded,
     is_overflow,
 )
+from flower.step.window import HandoffPolicy, default_window
 
 FULL = Handoff(
     doing="给解析器加代码块高亮,做了一半",
@@ -179,14 +179,45 @@ def test_placeholder_counts_as_missing() -> None:
     assert PLACEHOLDER in Handoff(doing="迁移").to_markdown()
 
 
-def test_closed_fences_stay_as_text_and_hide_headings() -> None:
+def test_closed_fences_are_dropped_with_the_headings_inside_them() -> None:
+    # api.md: Handoff.parse reuses the brief's section splitter, which strips fenced code
+    # blocks first (HANDOFF_PROMPT asks for commands and paths in plain lines).
     text = (
         "## 在做什么\n迁移\n## 现场\n跑到一半的命令:\n```bash\n# 下一步\nmake migrate\n```\n"
         "## 下一步\n看日志"
     )
     h = Handoff.parse(text)
-    assert h.scene == "跑到一半的命令:\n```bash\n# 下一步\nmake migrate\n```"
+    assert h.scene == "跑到一半的命令:"
     assert h.next == "看日志"
+
+
+def test_reads_like_the_brief_a_fence_inside_a_section_and_the_reference_headings() -> None:
+    """The reference's handoff (api.md: "reuses Brief's section splitter"): a fenced block
+    inside a section is no part of it, a heading in the fence starts nothing, and its own
+    headings (``## 现在在做什么`` …) name the sections."""
+    text = (
+        "好,交接如下。\n"
+        "## 现在在做什么\n给 Makefile 加 macOS 的垫片头。\n"
+        "## 已经定下的\n不改业务源码(边界里说过)。\n"
+        "```make\n## 下一步 围栏里的假标题\nCFLAGS += -include shim.h\n```\n"
+        "## 走不通的路\n- 关掉 _ANSI_SOURCE:别的宏也跟着没了\n- 调 include 顺序:没用\n"
+        "## 下一步\n在干净的 clone 上跑 make。\n"
+        "## 现场\nsrc/proc.cpp, Makefile\n"
+    )
+    h = Handoff.parse(text, step="干活")
+    assert h.doing == "给 Makefile 加 macOS 的垫片头。"
+    assert h.decided == "不改业务源码(边界里说过)。"
+    assert h.next == "在干净的 clone 上跑 make。"
+    assert len(h.deadends.splitlines()) == 2 and h.scene == "src/proc.cpp, Makefile"
+    assert h.complete()
+    for heading, field in (
+        ("现在在做", "doing"),
+        ("当前进度", "doing"),
+        ("已定的事", "decided"),
+        ("试过不行的", "deadends"),
+        ("排除的路", "deadends"),
+    ):
+        assert getattr(Handoff.parse(f"## {heading}\nX"), field) == "X", heading
 
 
 def test_markdown_fence_and_whole_reply_fence_are_unwrapped() -> None:
@@ -217,8 +248,11 @@ def test_round_trip_through_markdown() -> None:
     assert Handoff.parse(FULL.to_markdown()) == FULL
     sparse = Handoff(doing="迁移", next="看日志")
     assert Handoff.parse(sparse.to_markdown()) == sparse
-    multiline = Handoff(doing="第一行\n\n第三行", next="- a\n- b\n  - c", scene="```\n# x\n```")
+    multiline = Handoff(doing="第一行\n\n第三行", next="- a\n- b\n  - c", scene="见 notes/\n# x")
     assert Handoff.parse(multiline.to_markdown()) == multiline
+    # A fenced block is no part of a section (it is stripped before the sections are read).
+    fenced = Handoff(doing="迁移", next="看日志", scene="改过 a.py\n```\n# x\n```")
+    assert Handoff.parse(fenced.to_markdown()).scene == "改过 a.py"
 
 
 _BODY = st.text(alphabet="甲乙丙丁戊己庚辛壬癸 ,。0123456789\n", max_size=80).map(str.strip)

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from flower import AgentSpec, Workbench, coordinator, judge, worker
-from flower.core.attempt import attempt_hooks, options_for
-from flower.core.call import StepCall
-from flower.core.placement import Seat
-from flower.stores.prune import PruningSessionStore
+from flower.state.prune import PruningSessionStore
+from flower.step.attempt import attempt_hooks, options_for
+from flower.step.call import StepCall
+from flower.step.placement import Seat
 from flower.util.fsutil import file_name, inside
 
 pytestmark = pytest.mark.timeout(30)

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from flower.core import human
-from flower.core.human import (
+from flower.people import human
+from flower.people.human import (
     DECLINED,
     EMPTY_QUESTION,
     INBOX_NAME,
@@ -36,7 +36,7 @@ from flower.core.human import (
     find_channel,
     set_relay,
 )
-from flower.core.result import Event
+from flower.state.result import Event
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -659,6 +659,15 @@ def test_the_server_lists_two_tools_with_their_schemas() -> None:
         "description": schema["properties"]["options"]["description"],
     }
     assert tools["inbox"]["inputSchema"] == {"type": "object", "properties": {}}
+
+
+def test_the_server_is_marked_for_the_cli_to_offer_its_tools_directly() -> None:
+    """Without alwaysLoad the CLI defers both tools behind ToolSearch (what the requests
+    then carry: tests/test_e2e_tools.py)."""
+    from flower.agents.agent import ALWAYS_LOAD
+
+    (config,) = HumanChannel().mcp_servers().values()
+    assert config[ALWAYS_LOAD] is True
 
 
 def test_the_ask_tool_returns_the_answer() -> None:

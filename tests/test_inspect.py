@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from flower import FlowerError
-from flower.core.manifest import Manifest
-from flower.core.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
-from flower.core.result import Event, StepResult
 from flower.i18n import keys, texts
+from flower.state.eventlog import EventLog, events_path
+from flower.state.manifest import Manifest
+from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
+from flower.state.result import Event, StepResult
+from flower.step.events import entry_is_synthetic
 from supervisor import logs, show, status
-from supervisor.eventlog import EventLog, events_path
-
-from .transcripts import fixture
+from tests.transcripts import FIXTURES, fixture
 
 CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
@@ -124,10 +124,70 @@ def test_show_marks_errors_and_puts_parallel_results_under_their_calls(en: None)
 
 
 def test_show_api_errors_synthetic_turns_and_images(en: None) -> None:
-    assert "model  ! API Error: Connection refused" in rendered("a-refused-then-resumed.jsonl")
-    killed = rendered("b-killed-mid-tool-resumed.jsonl")
-    assert "x [Tool call interrupted" in killed and "(written by the CLI itself)" in killed
+    refused = rendered("a-refused-then-resumed.jsonl")
+    assert "CLI    ! API Error: Connection refused" in refused and "model  !" not in refused
+    killed = rendered("b-killed-mid-tool-resumed.jsonl").splitlines()
+    call = next(i for i, line in enumerate(killed) if "* Bash  python3" in line)
+    assert killed[call + 1] == "         ? no result (the session stopped before it ended)"
+    assert killed[call + 2] == (
+        "CLI    (a placeholder the CLI wrote for a turn that got no answer; not the model's)"
+    )
     assert "-> [image]" in rendered("e-read-png.jsonl")
+
+
+#: What the CLI writes into a transcript in its own words: never shown as they are.
+CLI_WORDS = (
+    "No response requested.",
+    "[Tool call interrupted",
+    "[Request interrupted",
+    "Correction to the text above",
+    "[Subagent hand-back]",
+    "internal metadata",
+    "<system-reminder>",
+    "<tools-used-before-summary>",
+    "<task-notification>",
+    "<tool_use_error>",
+)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.jsonl")))
+def test_show_never_gives_the_clis_own_words_as_conversation(en: None, name: str) -> None:
+    """Every recorded transcript: the CLI's markers and fillers are never printed as they
+    are, and what stands under "model" is only what the model wrote."""
+    entries = fixture(name)
+    text = rendered(name)
+    assert not [w for w in CLI_WORDS if w in text], text
+    said = [
+        str(b.get("text")).strip()
+        for e in entries
+        if e.get("type") == "assistant" and not entry_is_synthetic(e)
+        for b in (e["message"]["content"] if isinstance(e["message"]["content"], list) else [])
+        if b.get("type") == "text"
+    ]
+    turns = show._turns(entries)
+    model = [x["text"].strip() for x in turns if x["role"] == "assistant" and x["kind"] == "text"]
+    assert model == said
+    assert all(x["role"] == "cli" for x in turns if x["kind"] in CLI_KINDS), turns
+
+
+CLI_KINDS = ("error", "synthetic", "meta", "compact", "cut", "notice", "output")
+
+
+def test_show_names_what_the_cli_wrote_for_what_it_is(en: None) -> None:
+    stopped = rendered("g-sdk-interrupt-resumed.jsonl").splitlines()
+    call = next(i for i, line in enumerate(stopped) if "* Bash  python3" in line)
+    assert stopped[call + 1 : call + 4] == [
+        "         x stopped while it ran (it may have taken effect in part or in full)",
+        "CLI    (this turn was interrupted)",
+        "       (a placeholder the CLI wrote for a turn that got no answer; not the model's)",
+    ]
+    helper = rendered("h-subagent.jsonl")
+    assert "-> Async agent launched successfully.\n" in helper
+    assert "CLI    (system note) tools used before: Bash\n" in helper
+    assert '       (background task) Agent "list the files" finished\n' in helper
+    assert "CLI    (compaction summary, 11 lines)" in rendered("i-compacted.jsonl")
+    denied = rendered("c-denied-tools.jsonl")
+    assert "x Error: No such tool available: Write." in denied
 
 
 def test_a_call_without_its_result_yet_takes_the_ledgers_or_is_pending(en: None) -> None:
@@ -222,7 +282,7 @@ def test_an_unknown_or_ambiguous_argument_is_a_flower_error(run_dir: Path, en: N
 
 
 def test_show_reads_sessions_db_read_only(run_dir: Path, en: None) -> None:
-    from flower.stores.sqlite import SqliteSessionStore
+    from flower.state.sqlite import SqliteSessionStore
 
     store = SqliteSessionStore(run_dir / "sessions.db")
     entries = fixture("d-bash-and-read.jsonl")

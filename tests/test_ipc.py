@@ -20,7 +20,7 @@ import pytest
 
 import ipc
 import ipc.stream
-from flower.core.result import StepResult
+from flower.state.result import StepResult
 from ipc import (
     MAX_LINE_BYTES,
     Answer,

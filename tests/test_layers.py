@@ -108,10 +108,10 @@ def _edges(source: str, target: str) -> list[str]:
 
 def test_the_graph_sees_the_modules_and_their_imports() -> None:
     # The checks below mean nothing if the parser found nothing: a few known arrows.
-    assert {"flower.core.loop", "supervisor.placement", "stepproc.child", "ipc.codec"} <= set(GRAPH)
-    assert "flower.core.attempt" in GRAPH["flower.core.inprocess"]
+    assert {"flower.step.loop", "supervisor.placement", "stepproc.child", "ipc.codec"} <= set(GRAPH)
+    assert "flower.step.attempt" in GRAPH["flower.step.inprocess"]
     assert "stepproc" in GRAPH["supervisor.placement"]
-    assert "flower.core.agent" in GRAPH["flower.core.call"]  # a TYPE_CHECKING import counts
+    assert "flower.agents.agent" in GRAPH["flower.step.call"]  # a TYPE_CHECKING import counts
 
 
 def test_no_import_cycles_between_our_modules() -> None:
@@ -131,10 +131,57 @@ def test_ipc_depends_on_nothing_of_ours(other: str) -> None:
     assert _edges("ipc", other) == []
 
 
-@pytest.mark.parametrize("layer", ["flower.stores", "flower.docs", "flower.util"])
-def test_stores_docs_and_util_never_import_core_or_workflow(layer: str) -> None:
-    assert _edges(layer, "flower.core") == []
-    assert _edges(layer, "flower.workflow") == []
+# Each package of the library and what it may import of the others (its __init__ says so
+# too). Anything else of ours it imports is an arrow pointing the wrong way.
+ALLOWED = {
+    "flower.util": {"flower._errors"},
+    "flower.docs": {"flower.util", "flower.i18n", "flower._errors"},
+    "flower.cache": {"flower.util", "flower.i18n", "flower._errors"},
+    # the cache's stores are the state's too; flower.cache imports nothing above util
+    "flower.state": {"flower.cache", "flower.util", "flower.i18n", "flower._errors"},
+    "flower.agents": {"flower.util", "flower.i18n", "flower._errors"},
+    "flower.people": {
+        "flower.agents",
+        "flower.state",
+        "flower.util",
+        "flower.i18n",
+        "flower._errors",
+    },
+    "flower.step": {
+        "flower.state",
+        "flower.agents",
+        "flower.people",
+        "flower.docs",
+        "flower.util",
+        "flower.i18n",
+        "flower._errors",
+    },
+}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "flower" and len(parts) > 1 else parts[0]
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_each_package_imports_only_what_its_layer_allows(layer: str) -> None:
+    wrong = [
+        e
+        for e in _edges(layer, "flower")
+        if _package(e.split(" -> ")[1]) not in {layer, *ALLOWED[layer]}
+    ]
+    assert wrong == []
+
+
+def test_the_state_backends_know_nothing_of_the_step_machinery() -> None:
+    for upper in ("flower.step", "flower.agents", "flower.people", "flower.workflow"):
+        assert _edges("flower.state", upper) == []
+
+
+def test_the_old_grab_bag_is_gone() -> None:
+    assert not (REPO / "flower" / "core").exists()
+    assert not (REPO / "flower" / "stores").exists()
 
 
 def test_util_is_a_leaf() -> None:

@@ -1,4 +1,5 @@
-"""The tool ledger: rows written by its hooks, results supplied at load (pure and on SQLite).
+"""The tool ledger: rows written by its hooks, results supplied at load (pure, and on both
+backends: SQLite's sessions.db and PostgreSQL).
 
 The end-to-end proof (kill -9 right after a Bash call, through flower-super) is in
 tests/test_e2e_ledger.py; here each rule is checked on transcripts shaped like the CLI's.
@@ -9,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import stat
+import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flower.stores.ledger import (
+from flower.state.ledger import (
     MAX_CONTENT_CHARS,
     NOT_FINISHED_TEXT,
     Call,
@@ -24,7 +28,10 @@ from flower.stores.ledger import (
     fill,
     render,
 )
-from flower.stores.prune import PruningSessionStore, is_interrupted
+from flower.state.prune import PruningSessionStore, is_interrupted
+from flower.state.records import LedgerRow
+from flower.state.sqlite import SessionStoreBusy, SqliteLedgerRows, SqliteSessionStore
+from tests.backends import Backend
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -214,6 +221,19 @@ def _store(tmp_path: Path) -> PruningSessionStore:
     return PruningSessionStore(tmp_path / "sessions.db", workspace=tmp_path / "ws")
 
 
+def _sent(store: PruningSessionStore, tid: str, response: dict[str, Any]) -> None:
+    """An attempt's call of Bash through the ledger's hooks: PreToolUse, then PostToolUse."""
+    hooks = store.ledger.hooks()
+    pre, post = hooks["PreToolUse"][0].hooks[0], hooks["PostToolUse"][0].hooks[0]
+
+    async def go() -> None:
+        assert await pre(_hook_input("PreToolUse", tid), tid, None) == {}
+        out = await post(_hook_input("PostToolUse", tid, tool_response=response), tid, None)
+        assert out == {}
+
+    asyncio.run(go())
+
+
 def _hook_input(event: str, tid: str, **more: Any) -> dict[str, Any]:
     return {
         "hook_event_name": event,
@@ -225,20 +245,11 @@ def _hook_input(event: str, tid: str, **more: Any) -> dict[str, Any]:
     }
 
 
-def test_the_hooks_write_rows_that_a_resumed_load_uses(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_the_hooks_write_rows_that_a_resumed_load_uses(backend: Backend) -> None:
+    store = backend.pruning()
     key = {"project_key": PK, "session_id": SID}
-    hooks = store.ledger.hooks()
-    pre, post = hooks["PreToolUse"][0].hooks[0], hooks["PostToolUse"][0].hooks[0]
-
-    async def go() -> None:
-        await store.append(key, [prompt("p"), use("a", "p", "t1")])  # the tool_use is durable
-        assert await pre(_hook_input("PreToolUse", "t1"), "t1", None) == {}
-        response = {"stdout": "OUTPUT-42\n", "stderr": ""}
-        out = await post(_hook_input("PostToolUse", "t1", tool_response=response), "t1", None)
-        assert out == {}
-
-    asyncio.run(go())
+    asyncio.run(store.append(key, [prompt("p"), use("a", "p", "t1")]))  # the tool_use is durable
+    _sent(store, "t1", {"stdout": "OUTPUT-42\n", "stderr": ""})
     loaded = asyncio.run(store.load(key))
     assert loaded is not None and len(loaded) == 3
     assert loaded[2]["message"]["content"][0]["content"] == "OUTPUT-42"
@@ -250,14 +261,41 @@ def test_the_hooks_write_rows_that_a_resumed_load_uses(tmp_path: Path) -> None:
     ]
     raw = store.load_sync(key)
     assert raw is not None and len(raw) == 2, "the transcript tables are never written"
-    assert stat.S_IMODE(os.stat(tmp_path / "sessions.db").st_mode) == 0o600
-    store.close()
+    if backend.kind == "sqlite":
+        assert stat.S_IMODE(os.stat(backend.tmp_path / "runs" / "sessions.db").st_mode) == 0o600
+
+
+def test_an_attempt_killed_after_a_call_finds_its_result_on_resume(backend: Backend) -> None:
+    """The ledger's promise on each backend: the attempt that ran the call is gone (killed
+    before the CLI wrote the result); the next attempt, with stores of its own, loads the
+    session with the call answered by what really came out, not "interrupted"."""
+    key = {"project_key": PK, "session_id": SID}
+    killed = backend.pruning()
+    killed.begin_attempt()
+    killed.claim(SID)
+    asyncio.run(killed.append(key, [prompt("p"), use("a", "p", "t1")]))
+    _sent(killed, "t1", {"stdout": "OUTPUT-42\n", "stderr": ""})
+    killed.close()
+    resumed = backend.pruning()  # the same data, opened again
+    resumed.begin_attempt()
+    resumed.claim(SID)
+    loaded = asyncio.run(resumed.load(key)) or []
+    assert [e["type"] for e in loaded] == ["user", "assistant", "user"]
+    block = loaded[2]["message"]["content"][0]
+    assert block == {
+        "tool_use_id": "t1",
+        "type": "tool_result",
+        "content": "OUTPUT-42",
+        "is_error": False,
+    }
+    assert loaded[2]["parentUuid"] == "a" and resumed.last_report["ledger"] == 1
+    assert len(resumed.load_sync(key) or []) == 2  # supplied at load, never written
 
 
 def test_a_failed_call_is_recorded_as_an_error_and_an_interrupted_one_is_not_used(
-    tmp_path: Path,
+    backend: Backend,
 ) -> None:
-    store = _store(tmp_path)
+    store = backend.pruning()
     post = store.ledger.hooks()["PostToolUseFailure"][0].hooks[0]
 
     async def go() -> None:
@@ -273,7 +311,6 @@ def test_a_failed_call_is_recorded_as_an_error_and_an_interrupted_one_is_not_use
     entries = [prompt("p"), use("a", "p", "f2")]
     fill(entries, store.ledger, is_interrupted)
     assert entries[-1]["message"]["content"][0]["content"] == NOT_FINISHED_TEXT
-    store.close()
 
 
 def test_a_ledger_that_cannot_be_written_warns_once_and_never_raises(
@@ -281,7 +318,7 @@ def test_a_ledger_that_cannot_be_written_warns_once_and_never_raises(
 ) -> None:
     monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
     store = _store(tmp_path)
-    store.ledger.store = None  # type: ignore[assignment]  # every write now fails
+    store.ledger.rows = None  # type: ignore[assignment]  # every write now fails
     post = store.ledger.hooks()["PostToolUse"][0].hooks[0]
 
     async def go() -> None:
@@ -326,7 +363,7 @@ def test_a_new_sessions_first_call_waits_until_its_session_is_kept(
     asyncio.run(go())
     assert asked == [SID]
 
-    monkeypatch.setattr("flower.stores.ledger.KEPT_WAIT_S", 0.05)
+    monkeypatch.setattr("flower.state.ledger.KEPT_WAIT_S", 0.05)
     other = _store(tmp_path / "other")
 
     async def never(sid: str) -> None:
@@ -394,10 +431,12 @@ def test_a_call_whose_tool_use_never_reached_the_transcript_is_restored_whole() 
     assert [e["type"] for e in present] == ["user", "assistant", "user"]
 
 
-def test_the_ledger_keeps_the_message_that_asked_for_a_call(tmp_path: Path) -> None:
+def test_the_ledger_keeps_the_message_that_asked_for_a_call(backend: Backend) -> None:
     from claude_agent_sdk import AssistantMessage, TextBlock, ToolUseBlock
 
-    store = _store(tmp_path)
+    store = backend.pruning()
+    # the session is in the store already: the call does not wait for it (SESSION_WAIT_S)
+    asyncio.run(store.append({"project_key": PK, "session_id": SID}, [prompt("p")]))
     text = AssistantMessage([TextBlock("先看")], "m", message_id="msg_1", uuid="u1")
     call = AssistantMessage(
         [ToolUseBlock("t5", "Bash", {"command": "ls"})], "m", message_id="msg_1", uuid="u2"
@@ -414,7 +453,6 @@ def test_the_ledger_keeps_the_message_that_asked_for_a_call(tmp_path: Path) -> N
         "name": "Bash",
         "input": {"command": "ls"},
     }
-    store.close()
 
 
 def part(uuid_: str, msg: str, block: dict[str, Any]) -> dict[str, Any]:
@@ -486,3 +524,66 @@ def test_a_sibling_call_in_a_restored_message_gets_its_own_recorded_result() -> 
         if e["type"] == "user" and isinstance(e["message"]["content"], list)
     }
     assert results == {"t1": "FIRST", "t2": "OUTPUT-42"}
+
+
+# -- the rows, as the seam's LedgerRows promises them on each backend -----------------------
+
+
+def test_the_ledger_rows_keep_a_call_as_the_seam_says(backend: Backend) -> None:
+    _, rows = backend.open()
+    asked = LedgerRow("t1", SID, None, "Bash", '{"command":"ls"}', "started", 10.0, '["m"]')
+    asyncio.run(rows.started(asked))
+    asyncio.run(rows.started(replace(asked, name="Other", started_at=99.0)))  # left as it is
+    rows.exact("t1", '"too early"', True)  # a call that has not finished keeps no content
+    assert rows.by_ids(["t1"]) == [asked]
+    done = replace(
+        asked,
+        state="done",
+        started_at=20.0,  # the hook's clock: the started row's time stays
+        message=None,
+        response='{"stdout":"x"}',
+        content='"x"',
+        ended_at=21.0,
+    )
+    asyncio.run(rows.finished(done))
+    finished = replace(done, started_at=10.0, message='["m"]')
+    assert rows.by_ids(["t1", "t1", "nope"]) == [finished]
+    rows.exact("t1", '"x exactly"', False)
+    assert rows.by_ids(["t1"]) == [replace(finished, content='"x exactly"')]
+    failed = LedgerRow("t2", SID, None, "Bash", "{}", "failed", 30.0, None, '"boom"', '"boom"')
+    asyncio.run(rows.finished(replace(failed, is_error=True, ended_at=30.5)))  # never started
+    asyncio.run(rows.started(LedgerRow("t3", SID, "agent-1", "Read", "{}", "started", 40.0)))
+    asyncio.run(rows.started(LedgerRow("t4", "other", None, "Read", "{}", "started", 50.0)))
+    assert [r.tool_use_id for r in rows.in_session(SID, 0.0)] == ["t1", "t2"]  # main thread
+    assert [r.tool_use_id for r in rows.in_session(SID, 25.0)] == ["t2"]
+    (row,) = rows.by_ids(["t2"])
+    assert row.is_error is True and row.ended_at == 30.5 and rows.by_ids([]) == []
+
+
+def test_sqlite_ledger_rows_wait_out_a_busy_file_but_exact_tries_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exact() is called on the loop that answers the CLI's hooks: it must never wait for
+    a busy sessions.db (the rendered result stays); started/finished wait like appends."""
+    import flower.state.sqlite as sqlite_store
+
+    store = SqliteSessionStore(tmp_path / "sessions.db")
+    rows = SqliteLedgerRows(store)
+    done = LedgerRow("t1", SID, None, "Bash", "{}", "done", 1.0, None, "{}", '"x"', False, 2.0)
+    asyncio.run(rows.finished(done))
+    monkeypatch.setattr(sqlite_store, "BUSY_DEADLINE_S", 0.5)
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):  # not SessionStoreBusy:
+            rows.exact("t1", '"exact"', False)  # SQLite's own error, from the one try
+        began = time.monotonic()
+        with pytest.raises(SessionStoreBusy):
+            asyncio.run(rows.finished(replace(done, content='"later"')))
+        assert time.monotonic() - began >= 0.5, "finished() gave up before the deadline"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    rows.exact("t1", '"exact"', False)
+    assert rows.by_ids(["t1"]) == [replace(done, content='"exact"')]
+    store.close()

@@ -23,7 +23,7 @@ import flower
 pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("claude_agent_sdk", "anyio", "flower.stores.sqlite")
+HEAVY = ("claude_agent_sdk", "anyio", "flower.state.sqlite")
 # The modules the light commands import.
 LIGHT = (
     "supervisor.cli",
@@ -141,7 +141,7 @@ def test_the_names_outside_all_are_importable() -> None:
 
     for err in (AttemptCrash, ConfigError, CredentialsError, RunDirBusy):
         assert issubclass(err, FlowerError)
-    assert Manifest.__module__ == read_manifest.__module__ == "flower.core.manifest"
+    assert Manifest.__module__ == read_manifest.__module__ == "flower.state.manifest"
     assert __version__
 
 

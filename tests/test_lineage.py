@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from flower import RunDirBusy
-from flower.core.lineage import LINEAGE_NAME, Lineage, bare_name
-from flower.core.registry import FlowerRecord, Registry, new_run_id, process_started
+from flower.state.lineage import LINEAGE_NAME, Lineage, bare_name
+from flower.state.registry import FlowerRecord, Registry, new_run_id, process_started
 from tests.fixtures.lineage_remember import session_id
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lineage_remember.py"
@@ -253,7 +253,7 @@ def test_a_failed_lineage_write_warns_once(
     def full(*_a: object, **_k: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("flower.core.lineage.atomic_write_text", full)
+    monkeypatch.setattr("flower.state.lineage.atomic_write_text", full)
     with caplog.at_level(logging.WARNING, logger="flower"):
         lin.remember("一", "sid-1")
         lin.remember("二", "sid-2")
@@ -362,7 +362,7 @@ def test_read_only_run_dir_does_not_raise(ws: Path, runs: Path) -> None:
 
 
 def test_full_disk_or_any_oserror_is_swallowed(ws: Path, runs: Path, monkeypatch) -> None:
-    import flower.core.lineage as mod
+    import flower.state.lineage as mod
 
     def no_space(*_a, **_k):
         raise OSError(28, "No space left on device")

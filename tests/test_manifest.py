@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-import flower.core.manifest as mod
-from flower.core.manifest import (
+import flower.state.manifest as mod
+from flower.state.manifest import (
     MANIFEST_NAME,
     Manifest,
     decode,
@@ -29,7 +29,7 @@ from flower.core.manifest import (
     manifest_row,
     read_manifest,
 )
-from flower.core.result import STEP_RESULT_FIELDS, StepResult
+from flower.state.result import STEP_RESULT_FIELDS, StepResult
 from tests.fixtures.manifest_writer import row_result, row_text
 
 FIXTURE = Path(__file__).parent / "fixtures" / "manifest_writer.py"

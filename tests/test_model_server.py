@@ -289,6 +289,64 @@ def test_matching_marker_system_session_and_default():
     assert Script.from_dict({"conversations": []}).conversation_for(_body(_user("x"))) is None
 
 
+def test_prompt_matches_a_user_text_exactly():
+    script = Script.from_dict(
+        {"conversations": [{"name": "probe", "match": {"prompt": "hi"}, "turns": ["ok"]}]}
+    )
+
+    def name(text: str) -> str | None:
+        conv = script.conversation_for(_body(_user(text)))
+        return conv.name if conv else None
+
+    assert name("hi") == "probe" and name("  hi\n") == "probe"
+    assert name("this") is None and name("hi there") is None
+    as_string = {"messages": [{"role": "user", "content": "hi"}]}  # flower's probe sends this
+    assert script.conversation_for(as_string) is not None
+
+
+def test_one_session_conversations_answer_one_session_each(model_server):
+    judge = {"marker": "[[judge]]"}
+    server = model_server(
+        {
+            "conversations": [
+                {"name": "round-1", "match": judge, "one_session": True, "turns": ["A1", "A2"]},
+                {"name": "round-2", "match": judge, "one_session": True, "turns": ["B1"]},
+            ]
+        }
+    )
+
+    def ask(session: str, *history: dict[str, Any]) -> str:
+        sent = _body(_user("[[judge]] rule"), *history, session=session)
+        return str(json.loads(_post(server, sent)[2])["content"][0]["text"])
+
+    assert ask("s1") == "A1"
+    assert ask("s2") == "B1"  # a fresh session: the next conversation that matches
+    said = {"role": "assistant", "content": [{"type": "text", "text": "A1"}]}
+    assert ask("s1", said, _user("more")) == "A2"  # s1 keeps its own
+    assert "no conversation matches" in ask("s3")  # both are taken
+    no_session = _body(_user("[[judge]] rule"))
+    no_session.pop("metadata")
+    assert (
+        "no conversation matches" in json.loads(_post(server, no_session)[2])["content"][0]["text"]
+    )
+    assert [r.conversation for r in server.requests] == [
+        "round-1",
+        "round-2",
+        "round-1",
+        None,
+        None,
+    ]
+    # A new script forgets who took what.
+    server.set_script(
+        {
+            "conversations": [
+                {"name": "round-1", "match": judge, "one_session": True, "turns": ["C1"]}
+            ]
+        }
+    )
+    assert ask("s2") == "C1"
+
+
 def test_exhausted_and_unmatched_answer_a_text_and_say_so(model_server):
     server = model_server({"conversations": [{"match": {"marker": "[[one]]"}, "turns": ["only"]}]})
     msg = json.loads(_post(server, _body(_user("nothing matches")))[2])
@@ -499,6 +557,8 @@ def test_the_documented_example_script_parses():
         {"conversations": [{"match": {}, "turns": ["x"]}]},
         {"conversations": [{"match": {"cwd": "x"}, "turns": ["x"]}]},
         {"default": [{"text": "x", "delay": -1}]},
+        {"conversations": [{"match": {"marker": "x"}, "one_session": 1, "turns": ["x"]}]},
+        {"conversations": [{"match": {"prompt": ""}, "turns": ["x"]}]},
     ],
 )
 def test_bad_scripts_are_config_errors(bad):
@@ -852,7 +912,7 @@ def test_cli_resume_after_sigkill_while_the_server_holds_a_turn(e2e_server, clau
     assert held.delay == 60
     # The CLI writes a turn's entries only after it has sent the next request (60-90 ms
     # measured, longer under load): kill it once the tool result is in its transcript.
-    from .e2e import wait_until
+    from tests.e2e import wait_until
 
     def result_written() -> bool:
         try:

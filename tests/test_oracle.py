@@ -19,13 +19,13 @@ import psutil
 import pytest
 
 from flower import AgentSpec, Event, Resilience, Runtime, StepResult, Workbench, read_manifest
-from flower.core.attempt import preload
-from flower.core.call import StepCall
-from flower.core.credentials import KEY_VARS
-from flower.core.manifest import Manifest
-from flower.core.placement import Seat, Watch
-from flower.core.roles import ORACLE_RULES
+from flower.agents.roles import ORACLE_RULES
 from flower.i18n import texts
+from flower.people.credentials import KEY_VARS
+from flower.state.manifest import Manifest
+from flower.step.attempt import preload
+from flower.step.call import StepCall
+from flower.step.placement import Seat, Watch
 from flower.testing.cli_env import cli_env
 from flower.testing.model_server import ModelServer, RecordedRequest
 from supervisor.oracle import (

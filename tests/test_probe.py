@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from flower.core.credentials import config_env_path
+from flower.people.credentials import config_env_path
 from supervisor.setup import SetupExit, ensure_credentials, probe, setup_main
-
-from .test_credentials import API_KEY, TOKEN, Home, Screen, machine  # noqa: F401
+from tests.test_credentials import API_KEY, TOKEN, Home, Screen, machine  # noqa: F401
 
 Reply = tuple[int, str]
 

@@ -479,9 +479,11 @@ API: dict[str, Any] = {
     ),
     # ---- session stores -------------------------------------------------------------
     "SqliteSessionStore": Class((p("path"),), bases=("claude_agent_sdk.types.SessionStore",)),
+    # The reference derives it from SqliteSessionStore; issue 18 makes the two layers wrap
+    # any session store instead (``path`` may be one), each a session store itself.
     "TrimmingSessionStore": Class(
         (p("path"), p("workspace"), p("policy", None), p("ephemeral", None)),
-        bases=("flower.SqliteSessionStore",),
+        bases=("claude_agent_sdk.types.SessionStore", "flower.state.seam.Sessions"),
     ),
     "PruningSessionStore": Class(
         (p("path"), p("workspace"), p("policy", None), p("prune", None), p("ephemeral", None)),

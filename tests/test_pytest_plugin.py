@@ -11,8 +11,7 @@ import textwrap
 import pytest
 
 from flower.testing import cli_env, pytest_plugin
-
-from .e2e import REPO
+from tests.e2e import REPO
 
 # The plugin's own fixtures, by name (our suite does not enable the plugin as a whole).
 flower_cli_env = pytest_plugin.flower_cli_env

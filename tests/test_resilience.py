@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flower.core.resilience import (
+from flower.step.resilience import (
     RESUME_PROMPT,
     Resilience,
     classify,

@@ -13,9 +13,9 @@ import pytest
 from claude_agent_sdk import AgentDefinition
 
 from flower import AgentSpec, CompactPolicy, ConfigError
-from flower.core import roles
-from flower.core.agent import _spec_problem
-from flower.core.roles import (
+from flower.agents import roles
+from flower.agents.agent import _spec_problem
+from flower.agents.roles import (
     CLARIFIER_RULES,
     COORDINATOR_RULES,
     JUDGE_RULES,
@@ -293,9 +293,9 @@ def test_isolate_goes_through_guard_isolated_and_nothing_else_does(
         calls.append(agent)
         return agent
 
-    fake = types.ModuleType("flower.core.guard")
+    fake = types.ModuleType("flower.agents.guard")
     fake.isolated = isolated  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flower.core.guard", fake)
+    monkeypatch.setitem(sys.modules, "flower.agents.guard", fake)
     w = worker("d", "p", isolate=True)
     assert calls == [w]
     worker("d", "p")
@@ -303,7 +303,7 @@ def test_isolate_goes_through_guard_isolated_and_nothing_else_does(
 
 
 def test_isolate_marks_the_worker_through_guard() -> None:
-    from flower.core.guard import wants_isolation
+    from flower.agents.guard import wants_isolation
 
     w = worker("d", "p", isolate=True)
     assert isinstance(w, AgentDefinition)

@@ -1,6 +1,6 @@
 """The step loop as pure logic: a Runtime whose placement returns scripted outcomes.
 
-The real loop (``flower.core.loop``), the real interrupt/reply methods and the real context
+The real loop (``flower.step.loop``), the real interrupt/reply methods and the real context
 tracking (``AttemptState.saw_context``, the loop's watermark) run; only the SDK session is
 replaced by a list of outcomes, and the network probe by a list of answers. The end-to-end
 drills against the real CLI are in ``test_e2e_resilience.py`` and ``test_e2e_handoff.py``.
@@ -22,18 +22,18 @@ from typing import Any
 import pytest
 from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
-from flower.core.agent import AgentSpec
-from flower.core.attempt import AttemptState
-from flower.core.call import StepCall
-from flower.core.interrupts import Interrupts
-from flower.core.loop import StepHooks, StepLoop
-from flower.core.placement import Seat, Watch
-from flower.core.proctree import ATTEMPT_TAG, PROCS
-from flower.core.resilience import RESUME_PROMPT, Resilience
-from flower.core.result import Event, StepResult
-from flower.core.runtime import Runtime
-from flower.core.window import HandoffPolicy
+from flower.agents.agent import AgentSpec
 from flower.docs.handoff import HANDOFF_PROMPT, Handoff, degraded
+from flower.state.result import Event, StepResult
+from flower.step.attempt import AttemptState
+from flower.step.call import StepCall
+from flower.step.interrupts import Interrupts
+from flower.step.loop import StepHooks, StepLoop
+from flower.step.placement import Seat, Watch
+from flower.step.proctree import ATTEMPT_TAG, PROCS
+from flower.step.resilience import RESUME_PROMPT, Resilience
+from flower.step.runtime import Runtime
+from flower.step.window import HandoffPolicy
 
 WINDOW = 200_000  # at = 150K, warn_at = 130K
 SPEC = AgentSpec(name="t", instructions="test", max_budget_usd=1.0)
@@ -227,6 +227,31 @@ def test_retries_stop_at_max_attempts(make):
     rt = make([fail("s1", OVERLOADED)] * 3, resilience=Net(max_attempts=3))
     res = run(rt)
     assert not res.ok and res.attempts == 3 and len(res.errors) == 3 and len(rt.calls) == 3
+
+
+def test_a_call_brings_its_own_attempt_cap_and_session_callback(make):
+    """What holds for one call travels with it (issue 18): ``max_attempts`` caps that call
+    only, ``on_session`` hears that call's sessions in place of ``Runtime.on_session``; the
+    Runtime's own settings are left as they were for the next call."""
+    policy = Net(max_attempts=3)
+    rt = make([fail("s1", OVERLOADED), fail("s2", OVERLOADED)] * 2 + [ok("s2")], resilience=policy)
+    mine: list[str] = []
+    theirs: list[str] = []
+    rt.on_session = theirs.append
+
+    async def go() -> tuple[StepResult, StepResult]:
+        try:
+            one = await rt.run(SPEC, "x", step_name="one", max_attempts=1, on_session=mine.append)
+            two = await rt.run(SPEC, "y", step_name="two", max_attempts=5)
+            return one, two
+        finally:
+            rt.close()
+
+    one, two = asyncio.run(go())
+    assert not one.ok and one.attempts == 1 and mine == ["s1"]
+    # the cap lowers, never raises, the Runtime's policy; the Runtime's own callback is back
+    assert not two.ok and two.attempts == 3 and theirs == ["s2", "s1", "s2"]
+    assert rt.resilience is policy and policy.max_attempts == 3
 
 
 def test_no_retry_when_resilience_is_off(make):
@@ -745,7 +770,7 @@ def test_without_handoff_nothing_is_asked_or_stopped(make):
 
 
 def test_handoff_stays_clear_of_an_auto_compaction_threshold_the_cli_reports() -> None:
-    from flower.core.attempt import handoff_at
+    from flower.step.attempt import handoff_at
 
     assert handoff_at(200_000, 50_000) == 150_000
     assert handoff_at(200_000, 50_000, compact_at=167_000) == 150_000  # 17K below it

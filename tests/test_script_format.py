@@ -18,8 +18,7 @@ from flower.testing import _script, _wire
 from flower.testing._format import SCRIPT_FORMAT
 from flower.testing._script import Script
 from supervisor.cli import main as flower_super
-
-from .e2e import REPO
+from tests.e2e import REPO
 
 # "Turn keys (a plain string is short for {"text": ...}):" -> ("Turn", "keys")
 _HEADING = re.compile(r"^(?P<what>[A-Z][a-z-]+) (?P<kind>keys|presets)\b.*:$")

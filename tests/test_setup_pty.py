@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .test_credentials import TOKEN, Home, machine  # noqa: F401
-from .test_probe import Gateway, gateway  # noqa: F401
+from tests.test_credentials import TOKEN, Home, machine  # noqa: F401
+from tests.test_probe import Gateway, gateway  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 CODE = "from supervisor.setup import setup_main; raise SystemExit(setup_main())"
@@ -87,6 +87,8 @@ def test_flower_setup_on_a_terminal(
         term.expect("   > ")
         term.type(TOKEN)
         term.expect("2. 网关地址")
+        # The key is typed unseen: the terminal never echoes it (nor any piece of it).
+        assert TOKEN not in term.seen and TOKEN[:8] not in term.seen, term.seen
         term.expect("   > ")
         term.type(g.url)
         term.expect("3. 模型名")

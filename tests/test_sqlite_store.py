@@ -20,8 +20,9 @@ import pytest
 from claude_agent_sdk.testing import run_session_store_conformance
 from claude_agent_sdk.types import SessionStore
 
-import flower.stores.sqlite as sqlite_store
-from flower.stores.sqlite import (
+import flower.state.sqlite as sqlite_store
+from flower.state.seam import Sessions
+from flower.state.sqlite import (
     SessionStoreBusy,
     SessionStoreDamaged,
     SessionStoreError,
@@ -80,6 +81,28 @@ def test_conformance_with_every_optional_method(tmp_path: Path) -> None:
     assert len(made) == 15  # a probe plus one store per contract: nothing was skipped
     for s in made:
         s.close()
+
+
+def test_it_is_a_full_sessions_whose_attempts_are_never_refused(tmp_path: Path) -> None:
+    """The seam's fencing on one machine: a counter and a no-op. Two attempts of one step
+    by hand, the older one writing after the newer claimed the session: both land (the
+    supervisor keeps one writer per session; nothing here refuses one)."""
+    db = tmp_path / "sessions.db"
+    older, newer = SqliteSessionStore(db), SqliteSessionStore(db)
+    try:
+        assert isinstance(older, Sessions) and older.epoch == 0
+        assert [older.begin_attempt(), older.begin_attempt()] == [1, 2]
+        older.claim("sess")
+        asyncio.run(older.append(KEY, [e(1)]))
+        newer.begin_attempt()
+        newer.claim("sess")
+        asyncio.run(older.append(KEY, [e(2)]))
+        older.claim("sess")
+        asyncio.run(newer.append(KEY, [e(3)]))
+        assert newer.load_sync(KEY) == [e(1), e(2), e(3)]
+    finally:
+        older.close()
+        newer.close()
 
 
 def test_entries_are_stored_as_compact_json_text(store: SqliteSessionStore) -> None:
@@ -432,7 +455,8 @@ def test_a_disk_error_is_not_damage_and_the_file_stays(tmp_path: Path, monkeypat
     directory or an I/O error is one clear error, and the (healthy) file stays where it is."""
     from types import SimpleNamespace
 
-    from flower.stores import open_store
+    from flower.state.backends import LocalState
+    from flower.state.stores import open_store
 
     SqliteSessionStore(tmp_path / "sessions.db").close()  # a healthy database
 
@@ -440,7 +464,7 @@ def test_a_disk_error_is_not_damage_and_the_file_stays(tmp_path: Path, monkeypat
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(SqliteSessionStore, "_configure", disk_trouble)
-    runtime = SimpleNamespace(run_dir=tmp_path, workspace=tmp_path)
+    runtime = SimpleNamespace(workspace=tmp_path, state=LocalState(tmp_path, tmp_path))
     with pytest.raises(SessionStoreError, match="cannot be opened: disk I/O error") as info:
         open_store(runtime)
     assert not isinstance(info.value, SessionStoreDamaged) and info.value.hint

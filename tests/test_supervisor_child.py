@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from flower import AgentSpec, Resilience, Runtime, StepResult, read_manifest
-from flower.core.call import StepCall
-from flower.core.proctree import PROCS, ProcessTree
+from flower.step.call import StepCall
+from flower.step.proctree import PROCS, ProcessTree
 from ipc import Answer, Ask, Failure, LineWriter, Message, Result, Shutdown, Start, read_messages
 from supervisor.placement import Forked
 

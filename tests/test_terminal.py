@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from flower import Event, HumanChannel
+from flower import Event, HumanChannel, StepResult
 from supervisor.terminal import Terminal, rule, width
 
 pytestmark = pytest.mark.timeout(30)
@@ -239,3 +239,68 @@ def test_after_the_end_of_input_a_new_question_is_skipped_at_once():
         assert asyncio.run(main()) == "declined"
     finally:
         os.close(read)
+
+
+def row(label: str, cost: float, *, ok: bool = True, error: str | None = None) -> StepResult:
+    return StepResult(label, "s", ok=ok, cost_usd=cost, error=error, started_at=0, ended_at=3)
+
+
+def test_a_judge_round_is_its_own_block_and_every_row_has_its_cost_line():
+    out = io.StringIO()
+    term = Terminal(out)
+
+    def said(text: str, label: str) -> None:
+        term.on_event(Event("text", text, payload={"step": label}))
+
+    term.on_event(Event("step", "干活", payload={"index": 2, "total": 3, "step": "干活"}))
+    said("第一轮做完了。", "干活")
+    term.row_done(row("干活", 0.1335))
+    term.on_event(Event("tool_call", "/w/out.txt", "Read", payload={"step": "干活·判定#1"}))
+    said("## 结论\n未达成", "干活·判定#1")
+    term.on_event(Event("ask", "要哪个?", payload={"id": "q", "state": "declined"}))
+    term.row_done(row("干活·判定#1", 0.111))
+    said("第二轮做完了。", "干活#round2")
+    term.row_done(row("干活#round2", 0.1362))
+    # A judge round that ended before it said anything still gets its block.
+    term.row_done(row("干活·判定#2", 0.002, ok=False, error="boom"))
+    term.step_done(row("干活#round2", 0.1362))  # the step's rows were all shown already
+    assert out.getvalue().splitlines() == [
+        "== 干活 ==============================  3/3",
+        "  第一轮做完了。",
+        "  + 干活  0:03 · $0.1335",
+        "== 干活·判定#1 =======================",
+        "  * Read  /w/out.txt",
+        "  ## 结论",
+        "  未达成",
+        "  ? 要哪个?",
+        "  . 已跳过",
+        "  + 干活·判定#1  0:03 · $0.1110",
+        "== 干活#round2 =======================",
+        "  第二轮做完了。",
+        "  + 干活#round2  0:03 · $0.1362",
+        "== 干活·判定#2 =======================",
+        "  x 干活·判定#2  0:03 · $0.0020  boom",
+    ]
+
+
+def test_a_map_steps_items_share_its_block_and_its_line_sums_what_they_spent():
+    out = io.StringIO()
+    term = Terminal(out)
+    term.on_event(Event("step", "各章", payload={"index": 0, "total": 1, "items": 3}))
+    for i, cost in ((1, 0.25), (0, 0.5)):  # items run side by side, end in any order
+        label = f"各章[{i}]"
+        term.on_event(Event("text", f"第 {i} 章", payload={"step": label}))
+        term.row_done(row(label, cost))
+        term.on_event(Event("step", label, payload={"step": label, "item_done": True}))
+    # Item 2 was reused: no row, and its old cost (in the summary) was not spent again.
+    term.on_event(Event("step", "各章[2]", payload={"step": "各章[2]", "item_done": True}))
+    term.step_done(row("各章", 0.75 + 9.0))
+    assert out.getvalue().splitlines() == [
+        "== 各章 ==============================  1/1",
+        "  第 1 章",
+        "  + 各章[1]  1/3",
+        "  第 0 章",
+        "  + 各章[0]  2/3",
+        "  + 各章[2]  3/3",
+        "  + 各章  0:03 · $0.7500",
+    ]

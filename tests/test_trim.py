@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import sqlite3
 import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flower.stores.trim import (
+from flower.state.trim import (
     HEAD_CHARS,
     EphemeralPolicy,
     TrimmingSessionStore,
@@ -23,12 +22,19 @@ from flower.stores.trim import (
     tool_results,
     turn_ages,
 )
-
-from .transcripts import KEY, OFF_E, OFF_T, fixture
+from tests.backends import Backend
+from tests.transcripts import KEY, OFF_E, OFF_T, fixture
 
 
 def store_with(tmp_path: Path, entries: list[dict[str, Any]], **kw: Any) -> TrimmingSessionStore:
     store = TrimmingSessionStore(tmp_path / "runs" / "sessions.db", tmp_path / "ws", **kw)
+    asyncio.run(store.append(KEY, entries))
+    return store
+
+
+def layer_on(backend: Backend, entries: list[dict[str, Any]], **kw: Any) -> TrimmingSessionStore:
+    """The trimming layer over a store of ``backend`` holding ``entries``."""
+    store = TrimmingSessionStore(backend.open()[0], backend.tmp_path / "ws", **kw)
     asyncio.run(store.append(KEY, entries))
     return store
 
@@ -104,12 +110,10 @@ def test_a_subagent_transcript_counts_its_own_sidechain_turns() -> None:
     assert ages_by_command(fixture("h-subagent.sub.jsonl")) == {"ls": 1}
 
 
-def test_a_subagent_transcript_loads_through_the_layer(tmp_path: Path) -> None:
+def test_a_subagent_transcript_loads_through_the_layer(backend: Backend) -> None:
     # the SDK loads subagent transcripts under their subpath, after the main one
     sub_key = {**KEY, "subpath": "subagents/agent-aef8473d3a9e65624"}
-    store = store_with(
-        tmp_path, fixture("h-subagent.jsonl"), ephemeral=EphemeralPolicy(keep_recent=1)
-    )
+    store = layer_on(backend, fixture("h-subagent.jsonl"), ephemeral=EphemeralPolicy(keep_recent=1))
     asyncio.run(store.append(sub_key, fixture("h-subagent.sub.jsonl")))
     assert results_by_command(load(store, sub_key) or [])["ls"] == notice("ls", 1)
     assert store.last_report == {"expired": 1, "trimmed": 0}
@@ -293,23 +297,17 @@ def test_defaults_and_public_attributes(tmp_path: Path) -> None:
     assert load(store) is None and store.last_report == {}
 
 
-def test_sqlite_keeps_every_original_byte(tmp_path: Path) -> None:
+def test_the_store_below_keeps_every_original_byte(backend: Backend) -> None:
     raw = fixture("d-bash-and-read.jsonl")
-    store = store_with(
-        tmp_path, raw, policy=TrimPolicy(keep_recent=0), ephemeral=EphemeralPolicy(keep_recent=0)
+    store = layer_on(
+        backend, raw, policy=TrimPolicy(keep_recent=0), ephemeral=EphemeralPolicy(keep_recent=0)
     )
-    db = tmp_path / "runs" / "sessions.db"
-    rows_before = _rows(db)
+    rows_before = backend.stored()
     after = load(store)
     assert after != raw
     assert store.load_sync(KEY) == raw
-    assert _rows(db) == rows_before
+    assert backend.stored() == rows_before
     assert [json.loads(d) for d in rows_before] == raw
-
-
-def _rows(db: Path) -> list[str]:
-    with sqlite3.connect(db) as conn:
-        return [d for (d,) in conn.execute("SELECT data FROM entries ORDER BY seq")]
 
 
 def test_load_returns_new_dicts_and_mutates_nothing(tmp_path: Path) -> None:

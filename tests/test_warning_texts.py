@@ -16,19 +16,19 @@ from flower.i18n import keys, t, texts
 REPO = Path(__file__).resolve().parents[1]
 CJK = re.compile(r"[\u4e00-\u9fff]")
 MODULES = (
-    "flower.stores",
-    "flower.stores.ledger",
-    "flower.stores.prune",
-    "flower.stores.trim",
+    "flower.state.stores",
+    "flower.state.ledger",
+    "flower.state.prune",
+    "flower.state.trim",
     "flower.workflow.base",
-    "flower.core.workbench",
-    "flower.core.runtime",
-    "flower.core.loop",
-    "flower.core.guard",
-    "flower.core.lineage",
-    "flower.core.registry",
-    "flower.core.manifest",
-    "flower.core.human",
+    "flower.agents.workbench",
+    "flower.step.runtime",
+    "flower.step.loop",
+    "flower.agents.guard",
+    "flower.state.lineage",
+    "flower.state.registry",
+    "flower.state.manifest",
+    "flower.people.human",
     "supervisor.placement",
 )
 PREFIXES = {name.rpartition(".")[2] for name in MODULES} - {"base"} | {"workflow"}
@@ -40,7 +40,8 @@ def _sources() -> list[Path]:
 
 
 def _fields(text: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(text) if name}
+    # ``{n|row|rows}`` (flower.i18n's plural) names the field ``n``
+    return {name.split("|", 1)[0] for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
 def test_every_warning_is_a_catalogue_text() -> None:
@@ -82,7 +83,7 @@ def test_the_warning_texts_have_both_languages_and_the_same_fields() -> None:
 
 
 def test_a_warning_speaks_the_persons_language(monkeypatch: pytest.MonkeyPatch) -> None:
-    importlib.import_module("flower.core.registry")
+    importlib.import_module("flower.state.registry")
     fields = {"path": "/r/flowers/x.json", "aside": "/r/flowers/x.json.corrupt-1"}
     monkeypatch.setenv("FLOWER_LANG", "en")
     assert t("registry.set_aside", **fields) == (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flower.core.workbench import Workbench
+from flower.agents.workbench import Workbench
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from flower import AgentSpec, ConfigError, Runtime, Step, StepAbort, StepResult, Workflow
-from flower.core.call import StepCall
-from flower.core.placement import Seat, Watch
-from flower.core.registry import Registry
+from flower.state.registry import Registry
+from flower.step.call import StepCall
+from flower.step.placement import Seat, Watch
 
 SPEC = AgentSpec(name="t", instructions="x")
 
@@ -109,7 +109,7 @@ def labels(rt: FakeRuntime) -> list[str]:
 
 def test_woke_and_sessions_continue_across_runs(tmp_path):
     wf = Workflow([Step("取词", SPEC, "读 seed.txt")])
-    ctx1 = run(wf, FakeRuntime(tmp_path))
+    ctx1 = dict(run(wf, FakeRuntime(tmp_path)))  # as it was then
     assert ctx1["_woke"] == 1
     rt2 = FakeRuntime(tmp_path)
     ctx2 = run(wf, rt2)
@@ -120,7 +120,7 @@ def test_woke_and_sessions_continue_across_runs(tmp_path):
 
 def test_continuous_false_starts_fresh_each_process(tmp_path):
     wf = Workflow([Step("a", SPEC, "p")], continuous=False)
-    ctx1 = run(wf, FakeRuntime(tmp_path))
+    ctx1 = dict(run(wf, FakeRuntime(tmp_path)))  # as it was then
     rt2 = FakeRuntime(tmp_path)
     ctx2 = run(wf, rt2)
     assert rt2.calls[0]["resume"] is None and ctx2["_sessions"]["a"] != ctx1["_sessions"]["a"]
@@ -228,7 +228,7 @@ def test_unfinished_run_is_resumed_without_redoing_finished_steps(tmp_path):
         [Step("a", SPEC, "a"), Step("b", SPEC, "b"), Step("c", SPEC, lambda ctx: f"c {ctx['b']}")]
     )
     rt1 = FakeRuntime(tmp_path, {"b": ["boom"]})
-    ctx1 = run(wf, rt1)
+    ctx1 = dict(run(wf, rt1))  # as it was then
     assert labels(rt1) == ["a", "b"] and rt1.record.state == "failed"
 
     rt2 = FakeRuntime(tmp_path)
@@ -286,7 +286,7 @@ def test_a_start_refused_for_another_workspace_leaves_no_record(tmp_path):
     import time
 
     from flower import RunDirBusy
-    from flower.core.registry import FlowerRecord
+    from flower.state.registry import FlowerRecord
 
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -320,3 +320,92 @@ def test_an_irreversible_step_gets_one_attempt_and_is_run_again_with_a_warning(t
     assert labels(rt) == ["deploy"]  # a is reused; deploy runs again, and says so once
     said = [r.getMessage() for r in caplog.records if "deploy" in r.getMessage()]
     assert len(said) == 1 and "idempotent=False" in said[0], said
+
+
+def test_running_the_same_workflow_again_reuses_its_context_dict(tmp_path):
+    """api.md: ``Workflow.context`` is the ctx itself; a second run works in the same dict
+    (what the first run put there is still there), and it still reuses what an unfinished
+    first run completed: the steps' values in the dict do not change their input hashes."""
+    given: dict[str, Any] = {"topic": "tea"}
+    wf = Workflow(
+        [Step("a", SPEC, lambda ctx: f"a about {ctx['topic']}"), Step("b", SPEC, "b")],
+        context=given,
+    )
+    ctx1 = run(wf, FakeRuntime(tmp_path, {"b": ["boom"]}))
+    assert ctx1 is given and wf.context is given
+    assert ctx1["_failed_at"] == "b" and ctx1["a"].startswith("a said")
+    rt2 = FakeRuntime(tmp_path)
+    ctx2 = run(wf, rt2)
+    assert ctx2 is given
+    assert labels(rt2) == ["b"], "the dict's own values changed the completed step's hash"
+    assert "_failed_at" not in ctx2, "the first run's failure was left in the second run's ctx"
+    assert ctx2["topic"] == "tea" and ctx2["b"].startswith("b said") and ctx2["_woke"] == 2
+
+
+class OnlyRun:
+    """A runtime as api.md lets one test a flow's control flow offline: nothing but an async
+    ``run(spec, prompt, *, step_name, resume, fork, on_event)`` that returns StepResults."""
+
+    def __init__(self, fails: Sequence[str] = ()) -> None:
+        self.fails = list(fails)  # labels whose (first) attempt fails
+        self.calls: list[tuple[str | None, str, str | None, bool]] = []
+
+    async def run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        step_name: str | None = None,
+        resume: str | None = None,
+        fork: bool = False,
+        on_event: Any = None,
+    ) -> StepResult:
+        self.calls.append((step_name, prompt, resume, fork))
+        label = step_name or spec.name
+        if label in self.fails:
+            self.fails.remove(label)
+            return StepResult(step=label, ok=False, error="boom")
+        sid = f"sid-{len(self.calls)}"
+        return StepResult(step=label, ok=True, text=f"{label}: {prompt}", session_id=sid)
+
+
+def test_a_runtime_with_only_run_drives_the_control_flow(tmp_path, monkeypatch):
+    from flower import MapStep
+
+    monkeypatch.chdir(tmp_path)
+    gated: list[str] = []
+    wf = Workflow(
+        [
+            Step("a", SPEC, "a", retries=1, gate=lambda r, ctx: gated.append(r.text) or True),
+            Step("skipped", SPEC, "s", when=lambda ctx: False),
+            Step("b", SPEC, "b", resume_from="a", reduce=lambda r, ctx: r.text.upper()),
+            Step("flaky", SPEC, "f", retries=2),
+            Step("ship", SPEC, "ship", idempotent=False, on_fail="continue"),
+            MapStep("each", SPEC, prompt=lambda ctx, item: f"item {item}", over="items"),
+            Step("last", SPEC, lambda ctx: f"after {ctx['b']} and {ctx['each']}"),
+        ],
+        context={"items": [1, 2]},
+    )
+    rt = OnlyRun(fails=["flaky", "ship"])
+    ctx = asyncio.run(wf.run(rt, on_step=lambda s, r: None))  # type: ignore[arg-type]
+    assert [c[0] for c in rt.calls] == [
+        "a",
+        "b",
+        "flaky",
+        "flaky#retry1",
+        "ship",
+        "each[0]",
+        "each[1]",
+        "last",
+    ]
+    assert rt.calls[1][2] == "sid-1", "resume_from did not continue a's session"
+    assert gated == ["a: a"] and ctx["b"] == "B: B"
+    assert (
+        "skipped" not in ctx
+        and ctx["ship"] == ""
+        and ctx["each"] == ["each[0]: item 1", "each[1]: item 2"]
+    )
+    assert rt.calls[-1][1] == "after B: B and ['each[0]: item 1', 'each[1]: item 2']"
+    assert ctx["_woke"] == 1 and "_lineage" not in ctx and "_failed_at" not in ctx
+    assert ctx["_runtime"] is rt and set(ctx["_results"]) >= {"a", "b", "flaky", "ship", "each"}
+    assert not (tmp_path / "runs").exists(), "a runtime without a run_dir got one"

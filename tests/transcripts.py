@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flower.stores.trim import EphemeralPolicy, TrimPolicy
+from flower.state.trim import EphemeralPolicy, TrimPolicy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
 KEY = {"project_key": "-tmp-proj", "session_id": "s1"}

@@ -19,7 +19,15 @@ from .fingerprint import (
     resolve,
     resolve_all,
 )
-from .store import MAX_AGE_S, MAX_ENTRIES, CacheStore, Entry, cache_key, check_key
+from .store import (
+    MAX_AGE_S,
+    MAX_ENTRIES,
+    CacheStore,
+    Entry,
+    SharedCacheStore,
+    cache_key,
+    check_key,
+)
 from .ttl import check_ttl, parse_ttl
 
 __all__ = [
@@ -30,6 +38,7 @@ __all__ = [
     "PREFIXES",
     "CacheStore",
     "Entry",
+    "SharedCacheStore",
     "cache_key",
     "check_entry",
     "check_key",

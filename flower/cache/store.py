@@ -158,6 +158,9 @@ def check_key(key: object) -> str:
     return key
 
 
+LAST_NAME = "last.json"  # <run_dir>/cache/last.json: what each step ran with last
+
+
 class CacheStore:
     """The cross-run cache under ``root`` (``<run_dir>/cache/``), created on the first put.
 
@@ -201,12 +204,7 @@ class CacheStore:
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError too
             self._set_aside(path, e)
             return None
-        age = (time.time() if now is None else now) - entry.created_at
-        if age > MAX_AGE_S or age < -FUTURE_SLACK_S:
-            return None
-        if ttl_s is not None and age > ttl_s:
-            return None
-        return entry
+        return entry if fresh(entry, ttl_s, now) else None
 
     def put(self, key: str, entry: Entry) -> bool:
         """Store ``entry`` under ``key`` (which must be ``entry.key``), then evict; True when
@@ -231,6 +229,19 @@ class CacheStore:
 
     def __len__(self) -> int:
         return len(self._files())
+
+    def read_last(self) -> dict[str, Any]:
+        """What each cross-run step ran with last (for the reuse report's "why")."""
+        try:
+            data = json.loads((self.root / LAST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_last(self, last: dict[str, Any]) -> None:
+        """Replace :meth:`read_last`'s map; raises OSError (only the report loses by it)."""
+        private_dir(self.root)
+        atomic_write_text(self.root / LAST_NAME, json.dumps(last, ensure_ascii=False))
 
     def evict(self, max_entries: int = MAX_ENTRIES) -> int:
         """Remove the oldest entries until at most ``max_entries`` remain; how many went.
@@ -313,6 +324,83 @@ class CacheStore:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("%s", t(key, **fields))
+
+
+def fresh(entry: Entry, ttl_s: float | None, now: float | None = None) -> bool:
+    """Is ``entry`` younger than ``ttl_s`` (None: no ttl) and :data:`MAX_AGE_S` at ``now``?"""
+    age = (time.time() if now is None else now) - entry.created_at
+    if age > MAX_AGE_S or age < -FUTURE_SLACK_S:
+        return False
+    return ttl_s is None or age <= ttl_s
+
+
+class SharedCacheStore:
+    """:class:`CacheStore`'s interface over a database's rows (:class:`flower.state.seam.
+    CacheRows`): the same keys, entries, ages and limits. A database that cannot be reached
+    is a miss (one warning), and a put that cannot land is lost: a cache never stops a run."""
+
+    key = staticmethod(cache_key)
+
+    def __init__(self, rows: Any, workspace_id: str) -> None:
+        self.rows, self.workspace_id = rows, workspace_id
+        self._warned = False
+
+    def get(self, key: str, *, ttl_s: float | None, now: float | None = None) -> Entry | None:
+        check_key(key)
+        try:
+            data = self.rows.get(key)
+        except Exception as e:  # noqa: BLE001 - a store that cannot answer is a miss
+            self._warn(e)
+            return None
+        if data is None or _newer(data):
+            return None
+        try:
+            entry = Entry.from_dict(data)
+        except ValueError:
+            return None
+        return entry if entry.key == key and fresh(entry, ttl_s, now) else None
+
+    def put(self, key: str, entry: Entry) -> bool:
+        check_key(key)
+        if entry.key != key:
+            raise ValueError(f"entry.key {entry.key!r} is not the key {key!r}")
+        try:
+            data = json.loads(entry.to_json())
+        except (TypeError, ValueError, RecursionError) as e:
+            log.warning("%s", t("cache.unserializable", step=entry.step, error=e))
+            return False
+        try:
+            self.rows.put(key, data)
+            self.rows.evict(max_entries=MAX_ENTRIES, max_age_s=MAX_AGE_S, now=time.time())
+        except Exception as e:  # noqa: BLE001 - a full or unreachable store never stops a run
+            self._warn(e)
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def read_last(self) -> dict[str, Any]:
+        try:
+            data = self.rows.get(self._last)
+        except Exception:  # noqa: BLE001 - only the report's "why" is lost
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_last(self, last: dict[str, Any]) -> None:
+        try:
+            self.rows.put(self._last, last)
+        except Exception as e:
+            raise OSError(str(e)) from e
+
+    @property
+    def _last(self) -> str:
+        return f"last/{self.workspace_id}"
+
+    def _warn(self, error: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("%s", t("cache.unwritable", root="the cache table", error=error))
 
 
 def _read_rest(fd: int) -> bytes:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flower.i18n import define, t
 from flower.util.fsutil import atomic_write_text, private_dir
 
 # field name -> the heading to_markdown() writes, then the other headings accepted for it.
@@ -53,6 +54,28 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
 }
 HEADINGS: dict[str, str] = {name: aliases[0] for name, aliases in SECTIONS.items()}
+
+# How a person reading English is told a section: its English name, the heading beside it.
+define(
+    {
+        "section.goal": ("目标", "goal (目标)"),
+        "section.accept": ("验收标准", "acceptance criteria (验收标准)"),
+        "section.bounds": ("边界", "bounds (边界)"),
+        "section.unknowns": ("未知与假设", "unknowns and assumptions (未知与假设)"),
+        "section.and": ("、", ", "),
+    }
+)
+#: A section heading -> the catalogue key of its name for a person (goal.py adds its own).
+SECTION_NAMES: dict[str, str] = {HEADINGS[name]: f"section.{name}" for name in SECTIONS}
+
+
+def named(headings: Iterable[str]) -> str:
+    """Section headings (as ``missing()`` gives them) as the reader names them, joined:
+    ``目标、边界`` in Chinese, ``goal (目标), bounds (边界)`` in English. A heading with no
+    name of its own is shown as it is."""
+    shown = (t(SECTION_NAMES[h]) if h in SECTION_NAMES else h for h in headings)
+    return t("section.and").join(shown)
+
 
 #: What to_markdown() writes for an empty section. Left in place by a person editing the file,
 #: the section still counts as missing.
@@ -298,4 +321,4 @@ def write_document(path: str | Path, text: str) -> Path:
     return target
 
 
-__all__ = ["HEADINGS", "PLACEHOLDER", "SECTIONS", "Brief"]
+__all__ = ["HEADINGS", "PLACEHOLDER", "SECTIONS", "SECTION_NAMES", "Brief", "named"]

@@ -12,7 +12,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flower.docs.brief import PLACEHOLDERS, SectionReader, read_document, write_document
+from flower.docs.brief import (
+    PLACEHOLDERS,
+    SECTION_NAMES,
+    SectionReader,
+    read_document,
+    write_document,
+)
+from flower.i18n import define
 
 # field name -> the heading to_markdown() writes, then the other headings accepted for it.
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -29,6 +36,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
 }
 HEADINGS: dict[str, str] = {name: aliases[0] for name, aliases in SECTIONS.items()}
+
+# The statement's heading is the brief's 目标, named there ("goal (目标)").
+define({"section.checks": ("判定清单", "checklist (判定清单)")})
+SECTION_NAMES[HEADINGS["checks"]] = "section.checks"
 
 #: What to_markdown() writes for an empty statement or an empty checklist.
 EMPTY = "(空)"

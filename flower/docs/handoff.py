@@ -14,18 +14,48 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flower.docs.brief import SectionReader, document_lines
 from flower.util.fsutil import atomic_write_text, private_dir
 from flower.util.overflow import is_overflow
 
-# field name -> the heading written by to_markdown(), then accepted aliases.
+# field name -> the heading written by to_markdown(), then accepted aliases (the reference's
+# own headings among them: 现在在做什么, 当前进度, 已定的事, 试过不行的, 排除的路 …).
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "doing": ("在做什么", "正在做什么", "在做的事", "当前任务", "doing"),
-    "decided": ("已经定下的", "已定下的", "已经决定的", "已决定的", "定下的", "决定", "decided"),
-    "deadends": ("走不通的路", "走不通的", "死路", "踩过的坑", "dead ends", "deadends"),
+    "doing": (
+        "在做什么",
+        "现在在做什么",
+        "现在在做",
+        "正在做什么",
+        "在做的事",
+        "当前任务",
+        "当前进度",
+        "进度",
+        "doing",
+    ),
+    "decided": (
+        "已经定下的",
+        "已定下的",
+        "已定的事",
+        "已经决定的",
+        "已决定的",
+        "定下的",
+        "决定",
+        "决策",
+        "decided",
+    ),
+    "deadends": (
+        "走不通的路",
+        "走不通的",
+        "试过不行的",
+        "排除的路",
+        "死路",
+        "踩过的坑",
+        "dead ends",
+        "deadends",
+    ),
     "next": ("下一步", "下一步做什么", "接下来", "next steps", "next"),
     "scene": ("现场", "现场状态", "现状", "scene"),
 }
@@ -33,24 +63,14 @@ HEADINGS: dict[str, str] = {name: aliases[0] for name, aliases in SECTIONS.items
 REQUIRED = ("doing", "next")
 
 # to_markdown() writes this for an empty section; a person editing the file who leaves it in
-# place has still not filled the section. Files written before it was "(空)" hold "(未填)".
+# place has still not filled the section (the brief's "(未填)" reads as empty too).
 PLACEHOLDER = "(空)"
-_PLACEHOLDERS = (PLACEHOLDER, "(未填)")
 DEGRADED_SCENE_CHARS = 1200
 
-_ALIAS_TO_FIELD = {a.lower(): name for name, aliases in SECTIONS.items() for a in aliases}
-# Longest first, or "下一步" would claim the start of "下一步做什么" and "现场" of "现场状态".
-_ALIASES = "|".join(re.escape(a) for a in sorted(_ALIAS_TO_FIELD, key=len, reverse=True))
-_HEADING = re.compile(
-    r"^\s{0,3}(?:(?P<hash>#{1,6})\s*|(?P<num>(?:\d+|[一二三四五])\s*[.、)）])\s*)?"
-    r"(?P<open>\*\*|__|【)?\s*(?P<title>" + _ALIASES + r")(?=[\s:：(（*_】]|$)\s*"
-    r"(?:[(（][^)）\n]*[)）])?\s*(?P<close>\*\*|__|】)?\s*"
-    r"(?P<colon>[:：])?\s*(?P<close2>\*\*|__)?(?P<rest>.*)$",
-    re.IGNORECASE,
-)
-_TITLE = re.compile(r"^\s{0,3}#\s*交接书?\s*(?:[·:：\-—]\s*(?P<step>.*\S))?\s*$")
-_FENCE = re.compile(r"^\s{0,3}(?P<mark>`{3,}|~{3,})(?P<info>.*)$")
-_MARKDOWN_INFO = {"markdown", "md"}
+# The brief's section reader: one set of heading rules, one fence rule for every document.
+_READER = SectionReader(SECTIONS)
+_TITLE = re.compile(r"^[ \t]{0,3}#[ \t]*交接书?[ \t]*(?:[·:：\-—][ \t]*(?P<step>.*\S))?[ \t]*$")
+_BARE_FENCE = re.compile(r"^[ \t]{0,3}(?P<mark>`{3,}|~{3,})[ \t]*$")
 
 HANDOFF_PROMPT = """\
 你的上下文已经用了 {used} / {window} tokens,快满了。这一步接下来会换一条全新的会话接手,它看不到你现在的上下文,只能读到你现在写的交接书。
@@ -72,7 +92,7 @@ HANDOFF_PROMPT = """\
 ## 现场
 接手的人要知道的现场:改过哪些文件、产出和笔记在哪、跑到一半的命令、还没提交的改动。
 
-只写这五段,段外不要加别的内容。"""  # noqa: E501 - the model-facing text, sent as written
+只写这五段,段外不要加别的内容。命令和路径直接写成正文,不要放进代码块:代码块里的东西不会交给接手的人。"""  # noqa: E501 - the model-facing text, sent as written
 
 
 @dataclass
@@ -97,37 +117,25 @@ class Handoff:
         """Read a handoff out of a model's reply (or a file), tolerating the usual mess.
 
         ``step`` names the step it belongs to (only the title uses it); without it, the step
-        is the one a ``# 交接书 · <step>`` title names, if any.
+        is the one a ``# 交接书 · <step>`` title before the first section names, if any.
 
-        Headings may be ``## 下一步``, ``**下一步**``, ``下一步:`` / ``下一步：``, ``1. 下一步``
-        or an alias, and may carry text on the same line. A section given twice keeps the first
-        copy with content. A ```` ```markdown ```` fence is unwrapped; other closed fences stay
-        as text and nothing inside them counts as a heading; an unclosed fence drops everything
-        from it on (a truncated reply then parses as incomplete).
+        The sections are read by the brief's reader (:class:`~flower.docs.brief.SectionReader`):
+        headings ``## 下一步``, ``**下一步**``, ``下一步:``, ``1. 下一步`` or an alias, with text
+        on the same line or not; a section given twice keeps its first copy with content;
+        fenced code blocks are stripped first (a heading inside one starts nothing, and its
+        lines are no part of any section), a ```` ```markdown ```` fence is unwrapped, and an
+        unclosed fence drops everything from it on (a truncated reply parses as incomplete).
+        A reply wrapped whole in one bare fence is read as if it were not.
         """
-        chunks: dict[str, list[list[str]]] = {}
-        current: list[str] | None = None
-        current_name = ""
-        titled = ""
-        for line, literal in _lines(_unwrap_whole(text or "")):
-            m = None if literal else _HEADING.match(line)
-            name = _ALIAS_TO_FIELD[m["title"].lower()] if m else ""
-            if m and _is_heading(m, name, current_name, chunks.get(name, [])):
-                current, current_name = [], name
-                chunks.setdefault(name, []).append(current)
-                if m["rest"].strip():
-                    current.append(m["rest"].strip())
-            elif current is not None:
-                current.append(line)
-            elif not literal and (t := _TITLE.match(line)):
-                titled = t["step"] or ""
-        found = {name: _first_filled(copies) for name, copies in chunks.items()}
+        reading = _READER.read(_unwrap_whole(text or ""))
+        titles = (_TITLE.match(line) for line in reading.preamble.splitlines())
+        titled = next((m["step"] or "" for m in titles if m), "")
         return cls(
-            doing=found.get("doing", ""),
-            decided=found.get("decided", ""),
-            deadends=found.get("deadends", ""),
-            next=found.get("next", ""),
-            scene=found.get("scene", ""),
+            doing=reading.first("doing"),
+            decided=reading.first("decided"),
+            deadends=reading.first("deadends"),
+            next=reading.first("next"),
+            scene=reading.first("scene"),
             step=step or titled,
         )
 
@@ -224,79 +232,17 @@ def degraded(step: str, prompt: str, *, why: str = "") -> Handoff:
     )
 
 
-def _lines(text: str) -> Iterator[tuple[str, bool]]:
-    """Yield ``(line, literal)``: literal lines sit inside a closed non-markdown fence.
-
-    A markdown fence is unwrapped (its lines are parsed); an unclosed fence ends the text.
-    """
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        opening = _FENCE.match(lines[i])
-        if not opening:
-            yield lines[i], False
-            i += 1
-            continue
-        end = _closing(lines, i + 1, opening["mark"])
-        if end is None:
-            return
-        unwrap = opening["info"].strip().lower() in _MARKDOWN_INFO
-        if not unwrap:
-            yield lines[i], True
-        for inner in lines[i + 1 : end]:
-            yield inner, not unwrap
-        if not unwrap:
-            yield lines[end], True
-        i = end + 1
-
-
-def _closing(lines: list[str], start: int, mark: str) -> int | None:
-    """Index of the line closing a fence opened with ``mark`` (same char, at least as long)."""
-    closer = re.compile(r"^\s{0,3}" + re.escape(mark[0]) + "{" + str(len(mark)) + r",}\s*$")
-    return next((j for j in range(start, len(lines)) if closer.match(lines[j])), None)
-
-
-def _is_heading(m: re.Match[str], name: str, current: str, copies: list[list[str]]) -> bool:
-    """Tell a heading from a body line that merely starts with a section word.
-
-    Strong headings (``#``, bold, 【】, ``1.``) always count, with or without text after them
-    (a numbered one needs a colon before such text, or "1. 下一步 …" in a list would split
-    the section). Weak ones (``下一步:`` or the word alone on its line) count only for a
-    section that is neither the current one nor already filled: inside 已经定下的 a line
-    "决定:用 SQLite" is content, not a second copy of the section.
-    """
-    if m["open"] and not (m["close"] or m["close2"]):
-        return False  # "**决定 …" without its closing "**"
-    rest = m["rest"].strip()
-    if m["hash"] or m["open"]:
-        return True
-    if m["num"]:
-        return bool(m["colon"] or not rest)
-    if not (m["colon"] or not rest):
-        return False
-    return name != current and not _first_filled(copies)
-
-
 def _unwrap_whole(text: str) -> str:
-    """Drop a bare fence wrapped around the whole reply (models sometimes send it so)."""
+    """A reply wrapped whole in one bare fence (models sometimes send it so), unwrapped.
+
+    Only when the fence holds all of it: read with its fences stripped the reply would be
+    empty, and its first and last lines are a bare fence of the same kind."""
     lines = text.strip().splitlines()
-    opening = _FENCE.match(lines[0]) if lines else None
-    if (
-        opening
-        and len(lines) >= 2
-        and not opening["info"].strip()
-        and _closing(lines, 1, opening["mark"]) == len(lines) - 1
-    ):
-        return "\n".join(lines[1:-1])
-    return text
-
-
-def _first_filled(copies: list[list[str]]) -> str:
-    for lines in copies:
-        body = "\n".join(lines).strip()
-        if body and body not in _PLACEHOLDERS:
-            return body
-    return ""
+    if len(lines) < 3 or any(line.strip() for line in document_lines(text)):
+        return text
+    first, last = _BARE_FENCE.match(lines[0]), _BARE_FENCE.match(lines[-1])
+    closes = bool(first and last and last["mark"].startswith(first["mark"]))
+    return "\n".join(lines[1:-1]) if closes else text
 
 
 def _read(path: Path) -> str | None:

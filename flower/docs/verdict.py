@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from flower.docs.brief import SectionReader
 from flower.docs.goal import list_items
+from flower.i18n import define, t
 
 ACHIEVED = "achieved"
 NOT_YET = "not_yet"
@@ -39,6 +40,15 @@ HEADINGS: dict[str, str] = {name: aliases[0] for name, aliases in SECTIONS.items
 
 #: The word to_markdown() writes for each state (the words the judge is told to use).
 LABELS: dict[str, str] = {ACHIEVED: "达成", NOT_YET: "未达成", UNREACHABLE: "无法达成"}
+
+# A state as a person reads it (the Chinese is the judge's own word).
+define(
+    {
+        f"verdict.{ACHIEVED}": (LABELS[ACHIEVED], "achieved"),
+        f"verdict.{NOT_YET}": (LABELS[NOT_YET], "not achieved"),
+        f"verdict.{UNREACHABLE}": (LABELS[UNREACHABLE], "cannot be reached or verified here"),
+    }
+)
 
 # The words a conclusion is read by. Tried longest first, so "未达成" is found before "达成"
 # and "无法达成" before both; on equal length the more cautious state wins. Everything that
@@ -192,6 +202,11 @@ class Verdict:
         return "\n".join(lines)
 
 
+def state_name(state: str) -> str:
+    """A verdict's ``state`` in the reader's language (one of :data:`STATES`)."""
+    return t(f"verdict.{state}")
+
+
 def _state_of(conclusion: str) -> str:
     """Steps 3 and 4 of :meth:`Verdict.parse` on one conclusion text.
 
@@ -227,4 +242,5 @@ __all__ = [
     "UNREACHABLE",
     "VAGUE_REASON",
     "Verdict",
+    "state_name",
 ]

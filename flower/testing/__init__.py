@@ -19,6 +19,20 @@ then ``model_server(script)`` gives a running server (stopped after the test),
 --flow ...`` subprocess). See :mod:`flower.testing.pytest_plugin`; the README's "Testing
 your own flow offline" has a complete two-step example.
 
+Scripting the starter flow
+--------------------------
+
+:func:`starter_script` (``starter_script(*, work, brief=None, goal=None, verdicts=None,
+questions=())``) builds the script for ``flower "…"`` (seed 003's ``starter_flow``): the
+clarifier's questions and brief, the goal, each round's work and the judge's verdict on it,
+and the answer to ``flower``'s credentials probe, every role matched for you by what flower
+sends it. A round of ``work`` is the turns of the ``coder`` worker the coordinator
+dispatches (or a string, the coordinator's own answer); ``verdicts`` default to "not yet"
+for every round but the last. In ``server.requests`` each request's ``conversation`` names
+its role: ``clarifier``, ``goal``, ``work``, ``coder-N``, ``judge-N`` (round N, a fresh
+session each) or ``probe``. See :mod:`flower.testing.starter`; the README's "Testing your
+own flow offline" runs ``flower "make hi.txt"`` with it.
+
 Pointing the CLI at the server
 ------------------------------
 
@@ -36,8 +50,9 @@ complete environment, for ``subprocess`` and for ``ClaudeAgentOptions(env=...)``
   own requests; ``CLAUDE_CODE_MAX_RETRIES`` = ``max_retries`` (0: a scripted error
   reaches flower at once; None keeps the CLI's own retries); ``IS_SANDBOX=1`` as root
   (the CLI refuses ``bypassPermissions`` to root otherwise);
-- of your environment only ``PATH``, the locale, ``TZ``, ``TMPDIR``, ``TERM`` and the user
-  and shell names; ``extra`` is applied last.
+- of your environment only ``PATH``, the locale and ``FLOWER_LANG`` (a flower started with
+  it speaks your language), ``TZ``, ``TMPDIR``, ``TERM`` and the user and shell names;
+  ``extra`` is applied last.
 
 An in-process ``Runtime`` starts the CLI from this process's environment, so put the
 variables in ``os.environ`` (``flower_cli_env`` does it for the test's duration).
@@ -94,6 +109,7 @@ if TYPE_CHECKING:
     from ._log import RecordedRequest
     from ._script import Script
     from .model_server import ModelServer
+    from .starter import starter_script
 
 __doc__ = f"{__doc__}{SCRIPT_FORMAT}"
 
@@ -105,6 +121,7 @@ __all__ = [
     "Script",
     "claude_path",
     "cli_env",
+    "starter_script",
 ]
 
 # Loaded on first use: the server pulls in http.server and threads, the script parser
@@ -113,6 +130,7 @@ _HOME = {
     "ModelServer": "model_server",
     "RecordedRequest": "_log",
     "Script": "_script",
+    "starter_script": "starter",
 }
 
 

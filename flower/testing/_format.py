@@ -37,14 +37,23 @@ Top-level keys:
                  list of turns, or {"name": ..., "turns": [...]}
 
 Conversation keys:
-  name    a unique label, shown in the request log (default
-          "conversation-<index>")
-  match   what a request must carry (keys below); required
-  turns   the answers, a list of 1..9999 turns
+  name         a unique label, shown in the request log (default
+               "conversation-<index>")
+  match        what a request must carry (keys below); required
+  turns        the answers, a list of 1..9999 turns
+  one_session  true: the conversation answers one session only, the
+               first whose request it matches; other sessions (and a
+               request naming none) pass it by to the next that
+               matches. Several alike, one per fresh session, script
+               "the Nth session asked this" (a judge's rounds). Which
+               session took it is the server's memory: set_script()
+               and a restart forget it
 
 Match keys (one or more; every one given must hold; non-empty strings):
   marker   a substring of some user text block (the prompt is one;
            tool results are not)
+  prompt   some user text block is exactly this (surrounding
+           whitespace aside)
   system   a substring of the system prompt
   session  the session id the CLI sends in metadata.user_id
   result   a substring of some tool result the request carries (a

@@ -29,7 +29,7 @@ _TOOL_ID_RE = re.compile(r"^toolu_01FLWR(\d{4})(\d{2})[0-9A-Za-z]+$")
 _ALNUM = string.ascii_letters + string.digits
 
 _TOP_KEYS = {"conversations", "default"}
-_CONVERSATION_KEYS = {"name", "match", "turns"}
+_CONVERSATION_KEYS = {"name", "match", "turns", "one_session"}
 _DEFAULT_KEYS = {"name", "turns"}  # the object form of "default": a conversation without match
 _TURN_KEYS = {
     "text",
@@ -42,7 +42,7 @@ _TURN_KEYS = {
     "outage",
     "times",
 }
-_MATCH_KEYS = {"marker", "system", "session", "result"}
+_MATCH_KEYS = {"marker", "prompt", "system", "session", "result"}
 _USAGE_KEYS = {
     "input_tokens",
     "output_tokens",
@@ -107,6 +107,7 @@ class Match:
     """What a request must contain to belong to a conversation (all given keys must hold)."""
 
     marker: str | None = None
+    prompt: str | None = None
     system: str | None = None
     session: str | None = None
     result: str | None = None
@@ -118,7 +119,10 @@ class Match:
             return False
         if self.result is not None and not any(self.result in t for t in result_texts(body)):
             return False
-        return self.marker is None or any(self.marker in t for t in user_texts(body))
+        said = user_texts(body)
+        if self.prompt is not None and self.prompt.strip() not in (t.strip() for t in said):
+            return False
+        return self.marker is None or any(self.marker in t for t in said)
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class Conversation:
     name: str
     turns: tuple[Turn, ...]
     match: Match | None = None  # None: the default conversation
+    one_session: bool = False  # answers the first session that reaches it, no other
 
 
 @dataclass(frozen=True)
@@ -182,21 +187,38 @@ class Script:
             return cls.from_dict(script)
         return cls.load(script)
 
-    def conversation_for(self, body: dict[str, Any]) -> Conversation | None:
-        """The first conversation whose ``match`` accepts ``body``, else the default."""
+    def conversation_for(
+        self, body: dict[str, Any], owners: dict[str, str] | None = None
+    ) -> Conversation | None:
+        """The first conversation whose ``match`` accepts ``body``, else the default.
+
+        A ``one_session`` conversation is passed by when ``owners`` (conversation name ->
+        the session that took it) gives it to another session, or when ``body`` names no
+        session; the first session it accepts takes it (``owners`` is updated). Without
+        ``owners`` (None) every session may take it.
+        """
+        sid = session_id_of(body)
         for conv in self.conversations:
-            if conv.match is not None and conv.match.accepts(body):
-                return conv
+            if conv.match is None or not conv.match.accepts(body):
+                continue
+            if conv.one_session:
+                owner = (owners or {}).get(conv.name)
+                if sid is None or owner not in (None, sid):
+                    continue
+                if owners is not None:
+                    owners[conv.name] = sid
+            return conv
         return self.default
 
-    def select(self, body: dict[str, Any]) -> Selection:
-        """Choose the conversation and turn that answer ``body``.
+    def select(self, body: dict[str, Any], owners: dict[str, str] | None = None) -> Selection:
+        """Choose the conversation and turn that answer ``body`` (``owners``: see
+        :meth:`conversation_for`).
 
         The turn is one past the last of this conversation's turns found in the request's
         own assistant history (our tool_use ids name their turn; text turns match by text),
         so the choice survives CLI kills, resumes and server restarts alike.
         """
-        conv = self.conversation_for(body)
+        conv = self.conversation_for(body, owners)
         if conv is None:
             return Selection(None, 0, None)
         index = answered_turns(conv, body.get("messages") or [])
@@ -340,7 +362,12 @@ def _parse_conversation(data: Any, i: int) -> Conversation:
         raise _bad(f"conversation {name!r}: 'match' needs one or more of {sorted(_MATCH_KEYS)}")
     if not all(isinstance(v, str) and v for v in match.values()):
         raise _bad(f"conversation {name!r}: match values must be non-empty strings")
-    return Conversation(name=name, turns=_parse_turns(data, name), match=Match(**match))
+    one_session = data.get("one_session", False)
+    if not isinstance(one_session, bool):
+        raise _bad(f"conversation {name!r}: 'one_session' must be true or false")
+    return Conversation(
+        name=name, turns=_parse_turns(data, name), match=Match(**match), one_session=one_session
+    )
 
 
 def _parse_turns(data: dict[str, Any], name: str) -> tuple[Turn, ...]:

@@ -13,8 +13,22 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-# Inherited variables a CLI in a test may keep: what a shell and its tools need.
-_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL")
+# Inherited variables a CLI in a test may keep: what a shell and its tools need, and the
+# person's language (a flower started in this environment speaks it too).
+_KEEP = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "FLOWER_LANG",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+)
 
 # The SDK lays ClaudeAgentOptions.env over the parent's os.environ, so a real credential or
 # another provider there would win unless blanked; the CLI treats "" as unset (measured).
@@ -53,7 +67,9 @@ def cli_env(
     Usable as ``Popen(env=...)`` and as ``ClaudeAgentOptions(env=...)``. ``home`` becomes
     HOME, ``home/.claude`` CLAUDE_CONFIG_DIR (transcripts land in its ``projects/``).
     ``max_retries`` sets CLAUDE_CODE_MAX_RETRIES (None: the CLI's own default, which keeps
-    retrying a refused connection for about three minutes). ``extra`` is applied last.
+    retrying a refused connection for about three minutes). Of this process's environment
+    it keeps what a shell needs and the person's language (``FLOWER_LANG``, the locale).
+    ``extra`` is applied last.
     """
     home = Path(home)
     config = home / ".claude"

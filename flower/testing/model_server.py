@@ -92,6 +92,7 @@ class ModelServer:
         self._log = RequestLog(log_path)
         self._lock = threading.Lock()
         self._fired: dict[tuple[str, int], int] = {}
+        self._owners: dict[str, str] = {}  # one_session conversation -> the session it took
         self._conns: set[socket.socket] = set()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -144,11 +145,13 @@ class ModelServer:
                 raise TimeoutError(f"model server: not {state} within {timeout:g}s")
 
     def set_script(self, script: Script | dict[str, Any] | str | Path) -> None:
-        """Replace the script and forget the ``times`` counters."""
+        """Replace the script and forget the ``times`` counters and which session took
+        each ``one_session`` conversation."""
         parsed = Script.coerce(script)
         with self._lock:
             self._script = parsed
             self._fired.clear()
+            self._owners.clear()
 
     def outage(self, seconds: float) -> None:
         """Drop every connection and refuse new ones for ``seconds``, then listen again."""
@@ -281,7 +284,7 @@ class ModelServer:
             self._reject(h, body, problem)
             return
         with self._lock:
-            sel = self._script.select(body)
+            sel = self._script.select(body, self._owners)
             active = self._consume(sel)
         kind, status, turn = _plan(sel, active)
         delay = sel.turn.delay if (active and sel.turn is not None) else 0.0

@@ -41,7 +41,7 @@ from .model_server import ModelServer
 from .pytest_helpers import claude_home, model_server, reaper
 
 if TYPE_CHECKING:
-    from flower.core.runtime import Runtime
+    from flower.step.runtime import Runtime
 
 __all__ = ["claude_home", "flower_cli_env", "flower_runtime", "model_server", "reaper"]
 

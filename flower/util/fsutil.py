@@ -77,6 +77,24 @@ def private_dir(path: str | Path) -> Path:
     return p
 
 
+RUN_DIR_GITIGNORE = "# flower's run directory: whole transcripts, never for version control.\n*\n"
+
+
+def private_run_dir(path: str | Path) -> Path:
+    """:func:`private_dir` for a run_dir: when this call creates it, it gets a ``.gitignore``
+    of ``*`` as well, so the transcripts in it never end up in a commit by accident (a
+    ``git add .`` in the workspace skips it). An existing run_dir is left as it is."""
+    p = Path(path)
+    if p.is_dir():
+        return p
+    private_dir(p)
+    with contextlib.suppress(OSError):  # a run_dir without it still works
+        fd = open_private(p / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(RUN_DIR_GITIGNORE)
+    return p
+
+
 def open_private(path: str | Path, flags: int) -> int:
     """``os.open`` that creates files 0600 whatever the umask says."""
     fd = os.open(path, flags, FILE_MODE)

@@ -1,27 +1,29 @@
 """Step and Workflow: steps in order, state passed through ctx, continuity by default.
 
 The same ``Workflow.run`` drives both paths: in-process with a plain ``Runtime``, and under
-``flower-super`` with a ``SupervisedRuntime`` whose ``run`` puts each attempt in its own
-child process. Control flow (when / gate / on_reject / reduce / retries) is evaluated here,
-in the process that owns lineage and the manifest.
+``flower-super`` with a ``Runtime`` whose placement (``supervisor.placement.Forked``) puts
+each attempt in its own child process. Control flow (when / gate / on_reject / reduce /
+retries) is evaluated here, in the process that owns lineage and the manifest. What holds
+for one step call only (its session callback, an ``idempotent=False`` step's single
+attempt) is passed with that ``Runtime.run`` call, never set on the Runtime: a map step's
+items run at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
-from ..core.agent import AgentSpec
-from ..core.call import StepCall
-from ..core.registry import Registry
-from ..core.result import Event, StepResult, jsonable
-from ..core.reuse import why as reason
+from ..agents.agent import AgentSpec
 from ..i18n import define, t
+from ..state.result import Event, StepResult, jsonable
+from ..state.reuse import why as reason
+from ..step.call import StepCall
 from . import memo
 from .memo import Cache
 from .resume import (
@@ -30,11 +32,10 @@ from .resume import (
     input_parts,
     prior_run,
     refuse_live_conflict,
-    registry_lock,
 )
 
 if TYPE_CHECKING:
-    from ..core.runtime import Runtime
+    from ..step.runtime import Runtime
 
 Ctx = dict[str, Any]
 
@@ -176,7 +177,12 @@ class MapStep(Step):
 
 @dataclass
 class Workflow:
-    """Steps in order; ``run`` returns the final ctx."""
+    """Steps in order; ``run`` returns the final ctx, which is ``context`` itself.
+
+    Running the same Workflow again works in the same dict (api.md): what a run put there
+    is still there; what a run says about itself (``_failed_at``, ``_aborted``, ``_reuse``
+    …) starts afresh each run.
+    """
 
     steps: list[Step]
     name: str = "workflow"
@@ -214,6 +220,13 @@ class Workflow:
         put in ``ctx["_ask"]``) are what the command line adds. A flow with its own
         ``workbench`` runs its steps with it, whatever the Runtime had. A ``channel`` whose
         ``on_event`` is None sends its questions to ``on_event`` for this run.
+
+        ``runtime`` is a :class:`~flower.Runtime`, or anything with an async
+        ``run(spec, prompt, *, step_name, resume, fork, on_event)`` returning StepResults
+        (api.md's way to test a flow's control flow offline). Lineage, the registry record,
+        the manifest check, reuse and the cross-run cache are kept only by a runtime with a
+        ``run_dir`` and a ``workspace`` (held to Runtime's interface); a bare one gets just
+        its ``run`` calls, and ``_woke`` is 1.
         """
         runner = _Run(self, runtime, on_event, on_step, new)
         if ask is not None:
@@ -221,14 +234,19 @@ class Workflow:
         wired = self.channel is not None and getattr(self.channel, "on_event", 0) is None
         if wired:
             self.channel.on_event = on_event
-        previous = runtime.use_workbench(self.workbench) if self.workbench is not None else None
+        own = self.workbench is not None and runner.books
+        previous = runtime.use_workbench(self.workbench) if own else None
         try:
             return await runner.run(command)
         finally:
             if wired:
                 self.channel.on_event = None
-            if self.workbench is not None:
+            if own:
                 runtime.workbench = previous
+
+
+#: What a run says about itself in ctx: gone from ``Workflow.context`` when it runs again.
+_OUTCOME_KEYS = ("_ask", "_failed_at", "_aborted", "_aborted_step", "_reuse", "_lineage")
 
 
 class _Run:
@@ -239,29 +257,27 @@ class _Run:
     ) -> None:
         self.wf, self.rt, self.on_event, self.on_step = wf, rt, on_event, on_step
         self.new = new
-        self.ctx: Ctx = dict(wf.context)
-        self.lineage = rt.lineage()
+        # api.md: a runtime with a run_dir and a workspace keeps lineage and the rest.
+        self.books = all(getattr(rt, a, None) is not None for a in ("run_dir", "workspace"))
+        self.workspace = str(rt.workspace) if self.books else ""
+        self.ctx: Ctx = wf.context  # the same dict, run after run (api.md)
+        for key in _OUTCOME_KEYS:
+            self.ctx.pop(key, None)
+        # The run's args as its input hashes see them: what the flow was given, not what a
+        # run (this one or an earlier one in this process) put in the dict since.
+        names = {s.name for s in wf.steps}
+        self.args = jsonable(
+            {k: v for k, v in self.ctx.items() if not k.startswith("_") and k not in names}
+        )
+        self.lineage = rt.lineage() if self.books else None
+        self.lineage_sessions: dict[str, str] = {}
         self.prior: PriorRun | None = None
         self.report: list[dict[str, Any]] = []  # per step: reused or ran, and why
 
     async def run(self, command: list[str] | None) -> Ctx:
         rt, wf = self.rt, self.wf
         names = [s.name for s in wf.steps]
-        self.prior = (
-            None if self.new else prior_run(rt.run_dir, wf.name, rt.workspace, exclude=rt.run_id)
-        )
-        with registry_lock(rt.run_dir):  # check-then-register is one step for concurrent starts
-            refuse_live_conflict(rt.run_dir, names, exclude=rt.run_id)
-            Registry(rt.run_dir).set_aside_damaged()
-            rt.begin_flow(wf.name, names, command=command)
-        try:
-            woke = self.lineage.bump(names if wf.continuous else ())
-        except BaseException:
-            rt.end_flow(discard=True)  # refused (another workspace holds the run_dir): no trace
-            raise
-        _check_manifest(rt)
-        sessions = dict(self.lineage.steps) if wf.continuous else {}
-        rt.note(woke=woke)
+        woke, sessions = self._open(names, command) if self.books else (1, {})
         self.ctx.update(
             _woke=woke,
             _sessions=dict(sessions),
@@ -270,7 +286,7 @@ class _Run:
             _on_event=self.on_event,
             _flow=wf.name,
         )
-        if wf.continuous:
+        if wf.continuous and self.lineage is not None:
             self.ctx["_lineage"] = self.lineage
         self.lineage_sessions = dict(sessions)
         if woke > 1 and self.on_event:
@@ -282,12 +298,47 @@ class _Run:
                     state, stopped_at = "failed", step.name
                     break
         except BaseException:
-            rt.note(state="interrupted", ended_at=_now())
+            self._note(state="interrupted", ended_at=_now())
             raise
         finally:
-            rt.prepare([])  # nothing more will run: drop what was got ready
-        rt.note(state=state, step=stopped_at, ended_at=_now())
+            if self.books:
+                rt.prepare([])  # nothing more will run: drop what was got ready
+        self._note(state=state, step=stopped_at, ended_at=_now())
         return self.ctx
+
+    def _open(self, names: list[str], command: list[str] | None) -> tuple[int, dict[str, str]]:
+        """Register this flower, wake lineage; the wake count and the sessions to continue."""
+        rt, wf, lineage = self.rt, self.wf, self.lineage
+        assert lineage is not None
+        registry = rt.state.registry
+        self.prior = (
+            None
+            if self.new
+            else prior_run(
+                registry, wf.name, rt.workspace, rt.state.workspace_id, exclude=rt.run_id
+            )
+        )
+        with registry.locked():  # check-then-register is one step for concurrent starts
+            refuse_live_conflict(registry, names, exclude=rt.run_id)
+            registry.set_aside_damaged()
+            rt.begin_flow(wf.name, names, command=command)
+        try:
+            woke = lineage.bump(names if wf.continuous else ())
+        except BaseException:
+            rt.end_flow(discard=True)  # refused (another workspace holds the run_dir): no trace
+            raise
+        _check_manifest(rt)
+        rt.note(woke=woke)
+        return woke, dict(lineage.steps) if wf.continuous else {}
+
+    def _note(self, **fields: Any) -> None:
+        """Update this flower's registry record (a runtime that keeps one)."""
+        if self.books:
+            self.rt.note(**fields)
+
+    def _record(self) -> Any:
+        """This flower's registry record, or None (a bare runtime keeps none)."""
+        return self.rt.record if self.books else None
 
     def _wake_event(self, woke: int, sessions: dict[str, str], names: list[str]) -> Event:
         """seed 000: report the wake, or "does it remember?" is invisible. A flow may name
@@ -319,16 +370,16 @@ class _Run:
             step,
             prompt,
             index=index,
-            args={"context": jsonable(self.wf.context), "ask": ctx.get("_ask")},
-            workspace=str(self.rt.workspace),
+            args={"context": self.args, "ask": ctx.get("_ask")},
+            workspace=self.workspace,
         )
         digest = hash_of(parts)
         scope = memo.scope_of(step, self.wf)
         if scope != "off" and self._reuse(step, digest, index):
             return True
         cross = (
-            memo.CrossRun.open(self.rt.run_dir, self.rt.workspace, self.wf.name, step, digest)
-            if scope == "cross-run"
+            memo.CrossRun.open(self.rt.state.cache, self.rt.workspace, self.wf.name, step, digest)
+            if scope == "cross-run" and self.books
             else None
         )
         if cross is not None and cross.hit is not None:
@@ -341,8 +392,7 @@ class _Run:
         prompt_cur = self._resume_text(step, prompt) if resume else prompt
         self._step_event(index, step, resumed=bool(resume))
         self._prepare(index, StepCall(step.spec, "", step.name, resume, step.fork))
-        with self._no_retry(step):
-            result, passed = await self._attempts(step, prompt, prompt_cur, resume)
+        result, passed = await self._attempts(step, prompt, prompt_cur, resume)
         if passed:
             value = step.reduce(result, ctx) if step.reduce else result.text
             ctx[step.name] = value
@@ -362,8 +412,6 @@ class _Run:
         """A map step: its items side by side, each reused, restored or run on its own."""
         import asyncio
 
-        from ..core.runtime import SESSION_HOOK
-
         ctx, rt = self.ctx, self.rt
         items = step.items(ctx)
         scope = memo.scope_of(step, self.wf)
@@ -380,8 +428,8 @@ class _Run:
                 shape,
                 prompt,
                 index=index,
-                args={"context": jsonable(self.wf.context), "ask": ctx.get("_ask")},
-                workspace=str(rt.workspace),
+                args={"context": self.args, "ask": ctx.get("_ask")},
+                workspace=self.workspace,
             )
             digest = hash_of(parts)
             done = self.prior.completed.get(label) if self.prior else None
@@ -399,8 +447,8 @@ class _Run:
                 results[i] = result
                 return
             cross = (
-                memo.CrossRun.open(rt.run_dir, rt.workspace, self.wf.name, shape, digest)
-                if scope == "cross-run"
+                memo.CrossRun.open(rt.state.cache, rt.workspace, self.wf.name, shape, digest)
+                if scope == "cross-run" and self.books
                 else None
             )
             if cross is not None and cross.hit is not None:
@@ -419,14 +467,14 @@ class _Run:
                 # "you were interrupted" text; an item that changed: its new prompt.
                 cut = resume is not None and self.prior is not None and not done
                 text = rt.resilience.resume_prompt if cut else prompt
-                token = SESSION_HOOK.set(lambda sid: self._remember(label, label, sid))
-                try:
-                    with self._no_retry(step):
-                        result = await rt.run(
-                            step.spec, text, step_name=label, resume=resume, on_event=self.on_event
-                        )
-                finally:
-                    SESSION_HOOK.reset(token)
+                result = await rt.run(
+                    step.spec,
+                    text,
+                    step_name=label,
+                    resume=resume,
+                    on_event=self.on_event,
+                    **self._per_call(step, partial(self._remember, label, label)),
+                )
             if result.session_id:
                 self._remember(label, label, result.session_id)
             results[i] = result
@@ -456,7 +504,7 @@ class _Run:
     def _item_done(
         self, step: MapStep, label: str, digest: str, result: StepResult, parts: dict[str, str]
     ) -> None:
-        rec = self.rt.record
+        rec = self._record()
         if rec is not None:
             rec.completed[label] = {
                 "hash": digest,
@@ -473,10 +521,15 @@ class _Run:
             )
         )
 
-    def _no_retry(self, step: Step) -> contextlib.AbstractContextManager[None]:
-        """An ``idempotent=False`` step gets one attempt: no automatic retry of an
-        irreversible action (its own ``retries`` and the API retries alike)."""
-        return contextlib.nullcontext() if step.idempotent else _one_attempt(self.rt)
+    def _per_call(self, step: Step, on_session: Callable[[str], None]) -> dict[str, Any]:
+        """What holds for one ``Runtime.run`` call only, passed with it (never set on the
+        Runtime: a map's items run at once): ``on_session`` records each session id in
+        lineage the instant it is known, and an ``idempotent=False`` step gets one attempt
+        (no automatic retry of an irreversible action; its own ``retries`` are not used
+        either). A bare runtime keeps no lineage and is called as api.md's ``run`` is."""
+        if not self.books:
+            return {}
+        return {"on_session": on_session, **({} if step.idempotent else {"max_attempts": 1})}
 
     def _ran_before(self, step: Step) -> bool:
         done = self.prior.completed if self.prior else {}
@@ -517,7 +570,7 @@ class _Run:
         entry["cost_usd" if outcome != "reused" else "saved_usd"] = round(cost, 6)
         self.report.append(entry)
         self.ctx["_reuse"] = self.report
-        rec = self.rt.record
+        rec = self._record()
         if rec is not None:
             rec.reuse = list(self.report)
 
@@ -531,18 +584,15 @@ class _Run:
         retries = step.retries if step.idempotent else 0  # an irreversible step: one go
         for attempt in range(retries + 1):
             label = step.label(attempt)
-            rt.on_session = lambda sid, label=label: self._remember(step.name, label, sid)
-            try:
-                result = await rt.run(
-                    step.spec,
-                    prompt_cur,
-                    step_name=label,
-                    resume=resume_cur,
-                    fork=fork_cur,
-                    on_event=self.on_event,
-                )
-            finally:
-                rt.on_session = None
+            result = await rt.run(
+                step.spec,
+                prompt_cur,
+                step_name=label,
+                resume=resume_cur,
+                fork=fork_cur,
+                on_event=self.on_event,
+                **self._per_call(step, partial(self._remember, step.name, label)),
+            )
             ctx["_results"][step.name] = result
             if result.session_id:
                 self._remember(step.name, label, result.session_id)
@@ -571,6 +621,8 @@ class _Run:
         """Tell the runtime which first attempts come now and next, so a placement can get
         them ready while this step runs (only their prompt waits for ctx). ``now`` is the
         step about to run: a child already prepared for it is kept for it."""
+        if not self.books:
+            return
         steps = self.wf.steps[index + 1 : index + 1 + LOOKAHEAD]
         calls = [c for s in steps if (c := self._likely_call(s, index, now))]
         self.rt.prepare([now, *calls])
@@ -621,7 +673,8 @@ class _Run:
     def _remember(self, name: str, label: str, sid: str) -> None:
         self.ctx["_sessions"][name] = sid
         self.lineage_sessions[name] = sid
-        self.lineage.remember(label, sid)
+        if self.lineage is not None:
+            self.lineage.remember(label, sid)
 
     def _reuse(self, step: Step, digest: str, index: int) -> bool:
         """Seed 004: a step the unfinished last run completed with the same input is skipped."""
@@ -675,7 +728,7 @@ class _Run:
         """Record ``step`` as completed in this run's record; ``write=False`` for a reused
         step (lost in a crash it is only reused again, from the same place, next time:
         the registry write is left to the next step's)."""
-        rec = self.rt.record
+        rec = self._record()
         if rec is None:
             return
         rec.completed[step.name] = {
@@ -719,19 +772,6 @@ def _now() -> float:
     import time
 
     return time.time()
-
-
-@contextlib.contextmanager
-def _one_attempt(rt: Runtime) -> Iterator[None]:
-    """The Runtime's resilience with ``max_attempts=1`` for as long as the block runs."""
-    from dataclasses import replace
-
-    kept = rt.resilience
-    rt.resilience = replace(kept, max_attempts=1)
-    try:
-        yield
-    finally:
-        rt.resilience = kept
 
 
 class _ItemShape:

@@ -21,14 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.agent import AgentSpec
-from ..core.human import amendments
-from ..core.result import Event, StepResult
-from ..core.roles import clarify, judge
-from ..docs.brief import Brief, write_document
+from ..agents.agent import AgentSpec
+from ..agents.roles import clarify, judge
+from ..docs import brief as brief_doc
+from ..docs import goal as goal_doc
+from ..docs.brief import Brief, named, write_document
 from ..docs.goal import Goal
-from ..docs.verdict import VAGUE_REASON, Verdict
+from ..docs.verdict import VAGUE_REASON, Verdict, state_name
 from ..i18n import define, t
+from ..people.human import amendments
+from ..state.result import Event, StepResult
 from .base import Ctx, Step, StepAbort
 
 BRIEF_KEY = "_brief"
@@ -37,6 +39,8 @@ GOAL_KEY = "_goal"
 VERDICT_KEY = "_verdict"
 ROUND_KEY = "_goal_rounds"
 AMENDED_KEY = "_goal_amended"  # set when the person amended the goal in this round
+#: step name -> why its gate (one of this module's) said no last time: one line for a person
+WHY_KEY = "_gate_why"
 
 NO_BRIEF = "(没有确认书)"
 
@@ -110,8 +114,37 @@ define(
         ),
         "goal.doomed": (
             "目标里有 {n} 条在此环境无法验证,判定时注定不过:{path}",
-            "{n} check(s) of the goal cannot be verified here and will fail every verdict: {path}",
+            "{n} {n|check|checks} of the goal cannot be verified here and will fail every "
+            "verdict: {path}",
         ),
+    }
+)
+# Why a gate said no: what was missing or what the judge concluded, and why.
+define(
+    {
+        "goal.why.brief": (
+            "需求确认书还缺:{missing}。确认者的最后一条回复里没有这几段(回复开头:{said});"
+            "它要以 {headings} 四段收尾",
+            "the brief still lacks: {missing}. The clarifier's last reply has no such "
+            "section (it began: {said}); it must end with the four sections {headings}",
+        ),
+        "goal.why.goal": (
+            "目标还缺:{missing}。设定目标的回复里没有这几段(回复开头:{said});"
+            "它要分 {headings} 两段回答",
+            "the goal still lacks: {missing}. The goal setter's reply has no such section "
+            "(it began: {said}); it must answer with the two sections {headings}",
+        ),
+        "goal.why.rounds": (
+            "做了 {n} 轮,目标还没达成。判定者({label})的结论:{verdict}",
+            "after {n} round(s) the goal is not met yet. The judge ({label}) concluded: {verdict}",
+        ),
+        "goal.why.verdict": ("{state}。理由:{reason}{failed}", "{state}. Reason: {reason}{failed}"),
+        "goal.why.failed": ("(没通过:{items})", " (failed: {items})"),
+        "goal.why.vague": (
+            "没有明确结论,按未达成处理(回复开头:{said})",
+            "no clear conclusion, counted as not achieved (its reply began: {said})",
+        ),
+        "goal.why.empty": ("空的", "empty"),
     }
 )
 NO_RUNTIME = "拿不到 Runtime,无法判定目标"
@@ -141,7 +174,8 @@ def clarify_step(
     Skipped when ``brief_path`` already holds a complete brief (unless ``always_ask``); the
     brief is put into ctx either way: ``ctx[BRIEF_KEY]`` the Brief, ``ctx[name]`` its
     ``prompt_block()``. An incomplete answer fails the gate with ``ctx[MISSING_KEY]`` naming
-    the missing sections. A continued session is told :data:`CLARIFY_RESUME`.
+    the missing sections (and :func:`why_rejected` saying it for a person). A continued
+    session is told :data:`CLARIFY_RESUME`.
     """
     path = Path(brief_path)
     spec = spec or clarify(name, channel, instructions=instructions, **spec_kw)
@@ -155,7 +189,10 @@ def clarify_step(
         brief = Brief.parse(result.text)
         if not brief.complete():
             ctx[MISSING_KEY] = brief.missing()
-            return False
+            return _lacks(
+                ctx, name, "goal.why.brief", brief.missing(), result.text, brief_doc.HEADINGS
+            )
+        _passed(ctx, name)
         kept = amendments(path)  # what the person said meanwhile (channel.send) stays
         if kept:
             write_document(path, brief.to_markdown() + kept)
@@ -197,7 +234,8 @@ def goal_step(
     """A step where a judge turns the brief (``ctx[brief_key]``) into a Goal and freezes it.
 
     Skipped when ``goal_path`` already holds a complete goal (unless ``always_set``), which
-    is still put into ctx: ``ctx[GOAL_KEY]`` the Goal, ``ctx[name]`` its markdown. Checks the
+    is still put into ctx: ``ctx[GOAL_KEY]`` the Goal, ``ctx[name]`` its markdown; an
+    incomplete answer fails the gate, :func:`why_rejected` saying what it lacked. Checks the
     goal marks as unverifiable here are reported at once as ``Event("task")``: they will fail
     every verdict, better known before a round of work is paid for. No ``resume_prompt``:
     setting the goal again should read the whole brief again.
@@ -216,7 +254,10 @@ def goal_step(
     def gate(result: StepResult, ctx: Ctx) -> bool:
         goal = Goal.parse(result.text)
         if not goal.complete():
-            return False
+            return _lacks(
+                ctx, name, "goal.why.goal", goal.missing(), result.text, goal_doc.HEADINGS
+            )
+        _passed(ctx, name)
         goal.write(path)
         pour(ctx, goal)
         doomed = goal.unverifiable
@@ -288,8 +329,11 @@ def with_goal(
     ``step`` (``resume_prompt`` above all) is kept. The judge runs as
     ``f"{name or step.name + '·判定'}#N"`` with no session to continue, so it is a brand-new
     session every round and never enters lineage. A round that falls short goes back into the
-    same working session with the verdict's feedback. An unreachable verdict asks the person
-    (accept, amend the goal, or "you judged wrong"); nobody answering raises StepAbort.
+    same working session with the verdict's feedback; a verdict with no readable conclusion
+    is not achieved, its reason :data:`~flower.docs.verdict.VAGUE_REASON`. An unreachable
+    verdict asks the person (accept, amend the goal, or "you judged wrong"); nobody answering
+    raises StepAbort. After a round that falls short, :func:`why_rejected` gives the judge's
+    label, conclusion, reason and failed checks.
     """
     path = Path(goal_path)
     label = name or f"{step.name}·判定"
@@ -314,12 +358,20 @@ def with_goal(
         verdict = Verdict.parse(verdict_run.text)
         ctx[VERDICT_KEY] = verdict
         if verdict.achieved:
+            _passed(ctx, step.name)
             return True
-        if not verdict.unreachable:
-            if not verdict.ok and not verdict.reason:
-                verdict.reason = VAGUE_REASON
-            return False
-        return await _ask_about_unreachable(channel, verdict, goal, path, ctx)
+        if not verdict.ok:  # an unclear verdict is not achieved, and says so (api.md, step 7)
+            verdict.reason = VAGUE_REASON
+        passed = verdict.unreachable and await _ask_about_unreachable(
+            channel, verdict, goal, path, ctx
+        )
+        if passed:
+            _passed(ctx, step.name)
+            return True
+        shown = _verdict_line(verdict, verdict_run.text)
+        return _rejected(
+            ctx, step.name, t("goal.why.rounds", n=n, label=f"{label}#{n}", verdict=shown)
+        )
 
     def on_reject(result: StepResult, ctx: Ctx) -> str:
         verdict = ctx.get(VERDICT_KEY)
@@ -329,6 +381,53 @@ def with_goal(
         return feedback.strip()
 
     return dataclasses.replace(step, retries=max(0, rounds - 1), gate=gate, on_reject=on_reject)
+
+
+def why_rejected(ctx: Ctx, step: str) -> str:
+    """Why ``step``'s gate said no the last time, one line in the reader's language: what
+    the brief or the goal lacked and what the reply began with, or the judge's conclusion,
+    reason and failed checks. "" when no gate of this module turned it down."""
+    return str((ctx.get(WHY_KEY) or {}).get(step, ""))
+
+
+def _lacks(
+    ctx: Ctx, step: str, key: str, missing: list[str], reply: str, headings: dict[str, str]
+) -> bool:
+    """A document gate's no: the sections ``reply`` lacked (by name), how it began, and the
+    headings the document asks for."""
+    wanted = " / ".join(f"## {h}" for h in headings.values())
+    return _rejected(ctx, step, t(key, missing=named(missing), said=_began(reply), headings=wanted))
+
+
+def _rejected(ctx: Ctx, step: str, why: str) -> bool:
+    ctx.setdefault(WHY_KEY, {})[step] = why
+    return False
+
+
+def _passed(ctx: Ctx, step: str) -> None:
+    (ctx.get(WHY_KEY) or {}).pop(step, None)
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _began(reply: str) -> str:
+    """The first line of a model's reply, short, quoted: what a person needs to see that it
+    answered something else than the sections asked for."""
+    first = next((line for line in str(reply).splitlines() if line.strip()), "")
+    return f"“{_one_line(first, 60)}”" if first else t("goal.why.empty")
+
+
+def _verdict_line(verdict: Verdict, said: str) -> str:
+    if not verdict.ok:
+        return t("goal.why.vague", said=_began(said))
+    failed = [f.strip() for f in verdict.failed if f.strip()]
+    items = t("goal.why.failed", items=_one_line(t("section.and").join(failed), 300))
+    reason = _one_line(verdict.reason, 300) if verdict.reason.strip() else t("goal.no_reason")
+    shown = items if failed else ""
+    return t("goal.why.verdict", state=state_name(verdict.state), reason=reason, failed=shown)
 
 
 def _goal_of(ctx: Ctx, path: Path) -> Goal:

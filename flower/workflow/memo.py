@@ -19,16 +19,15 @@ reports; under ``incremental`` they silently stay as they are.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core import reuse as _reuse  # noqa: F401 - defines the report texts this module uses
+from ..state import reuse as _reuse  # noqa: F401 - defines the report texts this module uses
 
 if TYPE_CHECKING:
-    from ..core.result import StepResult
+    from ..state.result import StepResult
 
 # A Step and a Workflow (typed loosely here: base.py imports this module).
 Step = Any
@@ -100,7 +99,6 @@ def changed_inputs(old: dict[str, str], new: dict[str, str]) -> list[str]:
 
 # -- cross-run memoization: one step's lookup and store ----------------------------------------
 
-LAST_NAME = "last.json"  # <run_dir>/cache/last.json: what each step ran with last (for "why")
 LAST_MAX = 1000
 
 
@@ -113,28 +111,26 @@ class CrossRun:
 
     def __init__(
         self,
-        root: Path,
+        store: Any,
         flow: str,
         step: Step,
         input_hash: str,
         fingerprints: dict[str, str],
         ttl_s: float | None,
     ) -> None:
-        from ..cache import CacheStore, cache_key, fingerprint_digest
+        from ..cache import cache_key, fingerprint_digest
 
-        self.root, self.flow, self.step_name = root, flow, step.name
+        self.flow, self.step_name = flow, step.name
         self.input_hash, self.fingerprints = input_hash, fingerprints
-        self.store = CacheStore(root)
+        self.store = store  # the run state's cache (flower.cache.CacheStore or its like)
         self.key = cache_key(input_hash, fingerprint_digest(fingerprints))
         self.hit = self.store.get(self.key, ttl_s=ttl_s)
-        last = _read_last(root).get(_last_key(flow, step.name)) or {}
+        last = self.store.read_last().get(_last_key(flow, step.name)) or {}
         self.last_parts: dict[str, str] | None = last.get("parts")
         self.last_fingerprints: dict[str, str] | None = last.get("fingerprints")
 
     @classmethod
-    def open(
-        cls, run_dir: Path, workspace: Path, flow: str, step: Step, input_hash: str
-    ) -> CrossRun:
+    def open(cls, store: Any, workspace: Path, flow: str, step: Step, input_hash: str) -> CrossRun:
         from ..cache import parse_ttl, resolve_all
 
         cache = step.cache or Cache()
@@ -143,7 +139,7 @@ class CrossRun:
         except ValueError:
             ttl_s = None  # verify names a bad ttl; a run does not stop over it
         fingerprints = resolve_all(list(cache.fingerprint), workspace)
-        return cls(run_dir / "cache", flow, step, input_hash, fingerprints, ttl_s)
+        return cls(store, flow, step, input_hash, fingerprints, ttl_s)
 
     def store_result(self, result: StepResult, value: Any, parts: dict[str, str], run: str) -> None:
         """A step that finished ok and was not itself a hit: keep it for later runs."""
@@ -166,29 +162,18 @@ class CrossRun:
 
     def remember(self, parts: dict[str, str]) -> None:
         """What this step ran with, so the next miss can say which input changed."""
-        from ..util.fsutil import atomic_write_text, private_dir
-
         try:
-            last = _read_last(self.root)
+            last = self.store.read_last()
             last[_last_key(self.flow, self.step_name)] = {
                 "parts": parts,
                 "fingerprints": self.fingerprints,
             }
             while len(last) > LAST_MAX:
                 last.pop(next(iter(last)))
-            private_dir(self.root)
-            atomic_write_text(self.root / LAST_NAME, json.dumps(last, ensure_ascii=False))
+            self.store.write_last(last)
         except OSError:
             pass  # only the report's "which input changed" is lost
 
 
 def _last_key(flow: str, step: str) -> str:
     return f"{flow}/{step}"
-
-
-def _read_last(root: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((root / LAST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

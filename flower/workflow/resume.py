@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import RunDirBusy
-from ..core.registry import FINISHED, Registry
+from ..state.registry import FINISHED
 
 if TYPE_CHECKING:
-    from ..core.agent import AgentSpec
+    from ..agents.agent import AgentSpec
 
 
 class HashedStep(Protocol):
@@ -86,12 +86,17 @@ class PriorRun:
         return self.in_flight == step and step not in self.completed
 
 
-def prior_run(run_dir: Path, flow: str, workspace: Path, *, exclude: str) -> PriorRun | None:
-    """The latest earlier run of ``flow`` here, if it did not finish; else None."""
+def prior_run(
+    registry: Any, flow: str, workspace: Path, workspace_id: str, *, exclude: str
+) -> PriorRun | None:
+    """The latest earlier run of ``flow`` in this workspace (by its identity, or by its path
+    for records older than identities), if it did not finish; else None."""
     mine = [
         r
-        for r in Registry(run_dir).records()
-        if r.flow == flow and r.run != exclude and Path(r.workspace) == workspace
+        for r in registry.records()
+        if r.flow == flow
+        and r.run != exclude
+        and (r.workspace_id == workspace_id if r.workspace_id else Path(r.workspace) == workspace)
     ]
     if not mine:
         return None
@@ -104,27 +109,18 @@ def prior_run(run_dir: Path, flow: str, workspace: Path, *, exclude: str) -> Pri
     )
 
 
-def refuse_live_conflict(run_dir: Path, steps: list[str], *, exclude: str) -> None:
+def refuse_live_conflict(registry: Any, steps: list[str], *, exclude: str) -> None:
     """Refuse to start when a live flower here would continue one of our steps' sessions.
 
     Lineage is keyed by step name, so two live flowers sharing a step name would resume the
     very same session at once.
     """
-    for other in Registry(run_dir).live(exclude=exclude):
+    for other in registry.live(exclude=exclude):
         shared = [s for s in steps if s in other.steps]
         if shared:
             raise RunDirBusy(
                 f"flower pid {other.pid} (flow {other.flow!r}, run {other.run}) is running in "
-                f"{run_dir} and uses step {shared[0]!r}, whose session this start would resume",
+                f"{registry.where} and uses step {shared[0]!r}, whose session this start would "
+                "resume",
                 hint=f"wait for it to finish, stop it (kill {other.pid}), or use another --run-dir",
             )
-
-
-def registry_lock(run_dir: Path) -> Any:
-    """The lock that makes "is anyone live here? then I am" atomic across processes."""
-    from filelock import FileLock
-
-    from ..util.fsutil import private_dir
-
-    private_dir(run_dir)
-    return FileLock(str(Path(run_dir) / "flowers.lock"), mode=0o600, timeout=30)

@@ -19,14 +19,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..core.human import HumanChannel
-from ..core.lineage import Lineage
-from ..core.roles import coordinator, worker
-from ..core.workbench import Workbench
+from ..agents.roles import coordinator, worker
+from ..agents.workbench import Workbench
 from ..docs.brief import Brief
 from ..docs.goal import Goal
 from ..i18n import define, t
-from ..stores.dbfile import has_transcript
+from ..people.human import HumanChannel
+from ..state.dbfile import has_transcript
+from ..state.lineage import Lineage
 from .base import Ctx, Step, Workflow
 from .goal import CLARIFY_RESUME, GOAL_KEY, clarify_step, goal_step, with_goal
 
@@ -70,7 +70,8 @@ def wake_state(
 
     Returns ``waking`` (the brief exists with all four sections), ``brief`` and ``goal``
     (their paths), ``checks`` (how many checklist items the goal has, 0 without one),
-    ``woke`` (how many times this workspace was woken) and ``steps`` (step name -> session).
+    ``woke`` (how many times this workspace was woken), ``steps`` (step name -> session) and
+    ``clarifying`` (a clarifier was cut off before the brief froze: something to carry on).
     """
     ws = Path(workspace).expanduser().resolve()
     notes = _workbench_for(ws, isolate).notes
@@ -84,6 +85,7 @@ def wake_state(
         "checks": len(goal.checks) if goal is not None else 0,
         "woke": lineage.woke,
         "steps": dict(lineage.steps),
+        "clarifying": _clarifying(ws, run_dir),
     }
 
 
@@ -243,7 +245,7 @@ def _work(
 define(
     {
         "starter.brief_confirmed": ("需求已确认", "brief confirmed"),
-        "starter.checks": ("目标 {n} 条", "goal: {n} checks"),
+        "starter.checks": ("目标 {n} 条", "goal: {n} {n|check|checks}"),
     }
 )
 

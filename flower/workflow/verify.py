@@ -31,7 +31,7 @@ define(
         ),
         "verify.invalid": (
             "流程 '{flow}' 有 {n} 处不对:\n{lines}",
-            "flow '{flow}' has {n} problem(s):\n{lines}",
+            "flow '{flow}' has {n} {n|problem|problems}:\n{lines}",
         ),
         "verify.invalid.hint": (
             "改好再跑;flower-super verify --flow … 只检查不跑",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flower.core.agent import AgentSpec
+from flower.agents.agent import AgentSpec
 from flower.workflow import Step, Workflow
 
 hands = AgentSpec(
@@ -22,6 +22,14 @@ two = Workflow(
 )
 
 one = Workflow([Step("only", hands, "[[only]] do it")], name="one")
+
+
+def says_pass(result, ctx):
+    """A gate of the person's own: the step passes when its answer says PASS."""
+    return "PASS" in result.text
+
+
+gated = Workflow([Step("checked", hands, "[[checked]] do it", gate=says_pass)], name="gated")
 
 alpha = Workflow([Step("alpha", hands, "[[alpha]] go")], name="alpha")
 beta = Workflow([Step("beta", hands, "[[beta]] go")], name="beta")
@@ -52,3 +60,6 @@ noisy = Workflow(
     ],
     name="noisy",
 )
+
+# One step that never runs (its `when` says no): a flow that needs no model at all.
+idle = Workflow([Step("idle", hands, "[[idle]] go", when=lambda ctx: False)], name="idle")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flower.core import attempt
-from flower.core.agent import AgentSpec
+from flower.agents.agent import AgentSpec
+from flower.step import attempt
 from flower.workflow import Step, Workflow
 
 

@@ -6,7 +6,7 @@ conversation that answers it; the scripts live in the tests.
 
 from __future__ import annotations
 
-from flower.core.agent import AgentSpec
+from flower.agents.agent import AgentSpec
 from flower.workflow import Step, Workflow
 
 hands = AgentSpec(

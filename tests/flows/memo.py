@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from flower import Cache, MapStep
-from flower.core.agent import AgentSpec
+from flower.agents.agent import AgentSpec
 from flower.workflow import Step, Workflow, with_goal
 
 hands = AgentSpec(name="hands", instructions="test agent", allowed_tools=["Read"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flower.core.agent import AgentSpec
+from flower.agents.agent import AgentSpec
 from flower.workflow import Step, Workflow
 
 hands = AgentSpec(name="hands", instructions="test agent", allowed_tools=["Bash"])

@@ -1,1 +1,0 @@
-"""flower's execution core: results, files in the run_dir, lineage, the runtime."""

@@ -1,0 +1,201 @@
+"""The event log: every Event the supervisor renders, one JSON line each, for ``logs``.
+
+``<run_dir>/logs/<run id>/events.jsonl`` holds one object per line::
+
+    {"t": 1796147437.94, "kind": "tool_call", "step": "second", "text": "ls -la",
+     "tool": "Bash", "payload": {...}}
+
+``t`` is epoch seconds, ``payload`` the event's payload made JSON-safe (``raw``, the SDK
+object, is never written), every string in it cut at :data:`MAX_CHARS` (a ``Write`` call's
+payload holds the whole file; the transcript in sessions.db keeps it all). The file is
+created 0600 and only ever appended to, one ``write(2)`` per line and no buffer of ours, so
+``flower-super logs -f`` in another process sees each line as soon as it is written, and a
+supervisor killed at any instant loses nothing it had written (closing is a courtesy).
+
+The log is a by-product, never a reason to stop: an OSError (disk full, the directory gone)
+is one warning on the ``flower`` logger (the terminal prints it as a ``! …`` line), then the
+log stops and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..i18n import define, t
+from ..util.fsutil import open_private, private_dir
+from ..util.lazylog import lazy_logger
+
+if TYPE_CHECKING:  # `logs` and `status` only ask where the file is
+    from .result import Event
+
+log = lazy_logger("flower")  # logging loads when something is logged
+
+EVENTS_NAME = "events.jsonl"
+MAX_CHARS = 16_000  # per string; well above what a person reads on one line of `logs`
+
+define(
+    {
+        "logs.write_failed": (
+            "事件日志 {path} 写不进去({why}),之后的事件不再记录;运行照常继续",
+            "cannot write the event log {path} ({why}); it stops here, the run goes on",
+        ),
+    }
+)
+
+
+def events_path(run_dir: str | Path, run_id: str) -> Path:
+    """Where the supervisor of ``run_id`` writes its events."""
+    return Path(run_dir) / "logs" / run_id / EVENTS_NAME
+
+
+# Open logs of this process: a forked step child closes its inherited descriptors at once
+# (it never writes them; the supervisor alone renders events).
+_OPEN: weakref.WeakSet[EventLog] = weakref.WeakSet()
+
+
+def _close_all_in_child() -> None:
+    for each in list(_OPEN):
+        each.close()
+
+
+os.register_at_fork(after_in_child=_close_all_in_child)
+
+
+class EventLog:
+    """An append-only ``events.jsonl``; every method is safe to call after a failure."""
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path = path
+        self._fd = fd
+        if fd is not None:
+            _OPEN.add(self)
+
+    @classmethod
+    def open(cls, run_dir: str | Path, run_id: str) -> EventLog:
+        """The event log of ``run_id`` in ``run_dir`` (created 0600 if missing). Never raises:
+        a log that cannot be opened is one warning and writes nothing."""
+        path = events_path(run_dir, run_id)
+        try:
+            private_dir(path.parent)
+            fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            _warn(path, exc)
+            return cls(path, None)
+        return cls(path, fd)
+
+    @property
+    def writing(self) -> bool:
+        return self._fd is not None
+
+    def write(self, ev: Event) -> None:
+        """Append ``ev`` as one line. Never raises."""
+        if self._fd is None:
+            return
+        try:
+            _write_all(self._fd, line(ev))
+        except OSError as exc:
+            _warn(self.path, exc)
+            if exc.errno == errno.EBADF:  # the number is not ours any more: never close it
+                self._fd = None
+            self.close()
+        except (TypeError, ValueError) as exc:  # a payload json cannot take: skip this one
+            log.debug("event not logged: %s", exc)
+
+    def tee(self, fn: Callable[[Event], Any]) -> Callable[[Event], None]:
+        """An ``on_event`` callback that writes each event here, then hands it to ``fn``."""
+
+        def on_event(ev: Event) -> None:
+            self.write(ev)
+            fn(ev)
+
+        return on_event
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        _OPEN.discard(self)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def line(ev: Event, now: float | None = None) -> bytes:
+    """``ev`` as the bytes of one line of ``events.jsonl``."""
+    from .result import jsonable
+
+    record = {
+        "t": round(time.time() if now is None else now, 3),
+        "kind": ev.kind,
+        "step": ev.step,
+        "text": _cut(ev.text),
+        "tool": ev.tool,
+        "payload": _cut(jsonable(ev.payload)),
+    }
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from the CLI's JSON: keep it, escaped
+        return (json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
+
+
+def _cut(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= MAX_CHARS else value[:MAX_CHARS] + "…"
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    return value
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _warn(path: Path, exc: OSError) -> None:
+    log.warning("%s", t("logs.write_failed", path=path, why=exc.strerror or exc))
+
+
+class SharedEventLog:
+    """:class:`EventLog`'s interface over a database's rows (:class:`~.seam.EventRows`): the
+    same objects, one row each. A database that cannot take one is one warning and the log
+    stops, as a full disk stops the file."""
+
+    def __init__(self, rows: Any, run_id: str, where: str) -> None:
+        self.rows, self.run_id, self.path = rows, run_id, where
+        self._on = True
+
+    @property
+    def writing(self) -> bool:
+        return self._on
+
+    def write(self, ev: Event) -> None:
+        if not self._on:
+            return
+        try:
+            self.rows.append(self.run_id, json.loads(line(ev)))
+        except (TypeError, ValueError) as exc:
+            log.debug("event not logged: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the log is a by-product: warn, stop
+            self._on = False
+            log.warning("%s", t("logs.write_failed", path=self.path, why=exc))
+
+    def tee(self, fn: Callable[[Event], Any]) -> Callable[[Event], None]:
+        def on_event(ev: Event) -> None:
+            self.write(ev)
+            fn(ev)
+
+        return on_event
+
+    def close(self) -> None:
+        self._on = False

@@ -1,0 +1,335 @@
+"""The seam's row stores on PostgreSQL: the tool ledger, lineage, manifest, registry, cache
+and event log (the protocols and what each row holds: :mod:`flower.state.seam`).
+
+The ledger is fenced like the session its calls belong to and spooled during an outage
+(:mod:`.fenced`, :mod:`.db`); the others raise
+:class:`~flower.state.postgres.PostgresUnavailable` while the database cannot be reached,
+for their caller to wait and retry. Read-modify-write blocks (:meth:`LineageRows.update`,
+:meth:`RegistryRows.locked`) run in one transaction under an advisory lock keyed by the
+workspace, holding this process's connection for the block: call no coroutine of the store
+from inside one (the worker thread would wait for the block, and the block for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.types.json import Json
+
+from ..records import LedgerRow, LineageDoc
+from .db import Conn, Database
+
+if TYPE_CHECKING:
+    from .sessions import PostgresSessionStore
+
+__all__ = [
+    "PostgresCacheRows",
+    "PostgresEventRows",
+    "PostgresLedgerRows",
+    "PostgresLineageRows",
+    "PostgresManifestRows",
+    "PostgresRegistryRows",
+]
+
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_NOW = "extract(epoch FROM clock_timestamp())::double precision"
+
+
+def _lock(conn: Conn, db: Database, what: str, workspace_id: str) -> None:
+    conn.execute(_LOCK, (f"flower-{what}:{db.sql.schema}:{workspace_id}",))
+
+
+# ---------------------------------------------------------------------------------------
+# the tool ledger
+# ---------------------------------------------------------------------------------------
+
+_LEDGER_COLUMNS = (
+    "tool_use_id, session_id, agent_id, name, input, state, started_at, message, response,"
+    " content, is_error, ended_at"
+)
+
+
+class PostgresLedgerRows:
+    """The ``tool_calls`` table (SQLite's columns). Writes carry the epoch of ``owner``, the
+    session store of the same attempt."""
+
+    def __init__(self, db: Database, owner: PostgresSessionStore) -> None:
+        self._db = db
+        self._owner = owner
+
+    async def started(self, row: LedgerRow) -> None:
+        """Insert a started call; a row that exists already is left as it is."""
+        args = {**_who(row), "message": row.message, "state": row.state}
+        epoch = self._owner.epoch
+        await self._db.call(lambda: self._db.write("ledger.started", epoch, args))
+
+    async def finished(self, row: LedgerRow) -> None:
+        """Insert or update the call's end."""
+        args = {
+            **_who(row),
+            "state": row.state,
+            "response": row.response,
+            "content": row.content,
+            "is_error": bool(row.is_error),
+            "ended_at": row.ended_at,
+        }
+        epoch = self._owner.epoch
+        await self._db.call(lambda: self._db.write("ledger.finished", epoch, args))
+
+    def exact(self, tool_use_id: str, content: str, is_error: bool) -> None:
+        """Replace a finished call's content with what the model was really sent."""
+        args = {"tid": tool_use_id, "content": content, "is_error": bool(is_error)}
+        self._db.write("ledger.exact", self._owner.epoch, args)
+
+    def by_ids(self, ids: Sequence[str]) -> list[LedgerRow]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return []
+        return self._select("tool_use_id = ANY(%s)", (wanted,))
+
+    def in_session(self, session_id: str, since: float) -> list[LedgerRow]:
+        """Main-thread calls of the session that started at ``since`` or later, oldest
+        first."""
+        where = "session_id = %s AND agent_id IS NULL AND started_at >= %s ORDER BY started_at"
+        return self._select(where, (session_id, since))
+
+    def _select(self, where: str, params: Any) -> list[LedgerRow]:
+        sql = self._db.sql(f"SELECT {_LEDGER_COLUMNS} FROM {{s}}.tool_calls WHERE {where}")
+        rows = self._db.run(lambda conn: conn.execute(sql, params).fetchall())
+        return [LedgerRow(*row) for row in rows]
+
+
+def _who(row: LedgerRow) -> dict[str, Any]:
+    return {
+        "tid": row.tool_use_id,
+        "sid": row.session_id,
+        "agent": row.agent_id,
+        "name": row.name,
+        "input": row.input,
+        "started_at": row.started_at,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# lineage, manifest
+# ---------------------------------------------------------------------------------------
+
+
+class PostgresLineageRows:
+    """One lineage document per workspace; ``--new`` keeps the old one in an archive."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def read(self, workspace_id: str) -> LineageDoc | None:
+        return self._db.run(lambda conn: self._read(conn, workspace_id))
+
+    @contextlib.contextmanager
+    def update(self, workspace_id: str) -> Iterator[list[LineageDoc | None]]:
+        """Read-modify-write under the workspace's lock (see the module docstring)."""
+        sql = self._db.sql(
+            "INSERT INTO {s}.lineage (workspace_id, workspace, woke, steps)"
+            " VALUES (%s, %s, %s, %s::json) ON CONFLICT (workspace_id) DO UPDATE SET"
+            " workspace = EXCLUDED.workspace, woke = EXCLUDED.woke, steps = EXCLUDED.steps"
+        )
+        with self._db.transaction() as conn:
+            _lock(conn, self._db, "lineage", workspace_id)
+            box: list[LineageDoc | None] = [self._read(conn, workspace_id)]
+            yield box
+            doc = box[0]
+            if doc is not None:
+                params = (workspace_id, doc.workspace, int(doc.woke), Json(doc.steps))
+                conn.execute(sql, params)
+
+    def archive(self, workspace_id: str, stamp: str) -> bool:
+        """Keep the current document under ``stamp`` and drop it; False if there is none."""
+        sql = self._db.sql(
+            "WITH gone AS (DELETE FROM {s}.lineage WHERE workspace_id = %s"
+            " RETURNING workspace_id, workspace, woke, steps)"
+            " INSERT INTO {s}.lineage_archive (workspace_id, stamp, workspace, woke, steps)"
+            " SELECT workspace_id, %s, workspace, woke, steps FROM gone RETURNING 1"
+        )
+        rows = self._db.run(lambda conn: conn.execute(sql, (workspace_id, stamp)).fetchall())
+        return bool(rows)
+
+    def _read(self, conn: Conn, workspace_id: str) -> LineageDoc | None:
+        sql = self._db.sql("SELECT workspace, woke, steps FROM {s}.lineage WHERE workspace_id = %s")
+        row = conn.execute(sql, (workspace_id,)).fetchone()
+        return None if row is None else LineageDoc(row[0], int(row[1]), dict(row[2]))
+
+
+class PostgresManifestRows:
+    """Manifest rows in the order written, per workspace."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def append(self, workspace_id: str, row: dict[str, Any]) -> None:
+        sql = self._db.sql("INSERT INTO {s}.manifest (workspace_id, row) VALUES (%s, %s::json)")
+        self._db.run(lambda conn: conn.execute(sql, (workspace_id, Json(row))))
+
+    def rows(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
+        where, params = _of_workspace(workspace_id)
+        sql = f"SELECT row FROM {{s}}.manifest{where} ORDER BY id"
+        return [row for (row,) in _fetch(self._db, sql, params)]
+
+
+# ---------------------------------------------------------------------------------------
+# registry, cache, events
+# ---------------------------------------------------------------------------------------
+
+
+class PostgresRegistryRows:
+    """Who ran where: one record per run, with the host it runs on and a heartbeat in the
+    database's clock (epoch seconds), so a lease can be judged from any machine.
+
+    A record names its workspace by ``workspace_id`` (``workspace``, its path, when it has
+    none)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self.host = socket.gethostname()
+
+    def write(self, record: dict[str, Any]) -> None:
+        sql = self._db.sql(
+            "INSERT INTO {s}.registry (run, workspace_id, started_at, host, heartbeat_at, record)"
+            f" VALUES (%s, %s, %s, %s, {_NOW}, %s::json) ON CONFLICT (run) DO UPDATE SET"
+            " workspace_id = EXCLUDED.workspace_id, started_at = EXCLUDED.started_at,"
+            " host = EXCLUDED.host, heartbeat_at = EXCLUDED.heartbeat_at,"
+            " record = EXCLUDED.record"
+        )
+        kept = {k: v for k, v in record.items() if k not in ("host", "heartbeat_at")}
+        workspace_id = record.get("workspace_id") or record.get("workspace")
+        params = (
+            str(record["run"]),
+            workspace_id,
+            float(record.get("started_at") or 0.0),
+            self.host,
+            Json(kept),
+        )
+        self._db.run(lambda conn: conn.execute(sql, params))
+
+    def get(self, run: str) -> dict[str, Any] | None:
+        sql = "SELECT record, host, heartbeat_at FROM {s}.registry WHERE run = %s"
+        found = [_record(*row) for row in _fetch(self._db, sql, (run,))]
+        return found[0] if found else None
+
+    def records(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
+        """Oldest start first."""
+        where, params = _of_workspace(workspace_id)
+        sql = (
+            f"SELECT record, host, heartbeat_at FROM {{s}}.registry{where} ORDER BY started_at, run"
+        )
+        return [_record(*row) for row in _fetch(self._db, sql, params)]
+
+    def remove(self, run: str) -> None:
+        sql = self._db.sql("DELETE FROM {s}.registry WHERE run = %s")
+        self._db.run(lambda conn: conn.execute(sql, (run,)))
+
+    def heartbeat(self, run: str) -> None:
+        sql = self._db.sql(f"UPDATE {{s}}.registry SET heartbeat_at = {_NOW} WHERE run = %s")
+        self._db.run(lambda conn: conn.execute(sql, (run,)))
+
+    @contextlib.contextmanager
+    def locked(self, workspace_id: str) -> Iterator[None]:
+        """Check-then-register as one step: the block runs in one transaction holding the
+        workspace's advisory lock (see the module docstring)."""
+        with self._db.transaction() as conn:
+            _lock(conn, self._db, "registry", workspace_id)
+            yield
+
+
+def _record(record: dict[str, Any], host: str, heartbeat_at: float) -> dict[str, Any]:
+    return {**record, "host": host, "heartbeat_at": heartbeat_at}
+
+
+class PostgresCacheRows:
+    """The cross-run cache: one entry per key (``flower.cache.Entry.to_json``'s object)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        found = _fetch(self._db, "SELECT entry FROM {s}.cache WHERE key = %s", (key,))
+        return dict(found[0][0]) if found else None
+
+    def put(self, key: str, entry: dict[str, Any]) -> None:
+        sql = self._db.sql(
+            "INSERT INTO {s}.cache (key, created_at, entry) VALUES (%s, %s, %s::json)"
+            " ON CONFLICT (key) DO UPDATE SET created_at = EXCLUDED.created_at,"
+            " entry = EXCLUDED.entry"
+        )
+        params = (key, float(entry.get("created_at") or 0.0), Json(entry))
+        self._db.run(lambda conn: conn.execute(sql, params))
+
+    def evict(self, *, max_entries: int, max_age_s: float, now: float) -> int:
+        """Drop entries older than ``max_age_s`` and the oldest past ``max_entries``."""
+        old = self._db.sql("DELETE FROM {s}.cache WHERE created_at < %s")
+        extra = self._db.sql(
+            "DELETE FROM {s}.cache WHERE key IN (SELECT key FROM {s}.cache"
+            " ORDER BY created_at DESC, key OFFSET %s)"
+        )
+
+        def work(conn: Conn) -> int:
+            with conn.transaction():
+                gone = conn.execute(old, (now - max_age_s,)).rowcount
+                return gone + conn.execute(extra, (max(0, max_entries),)).rowcount
+
+        return self._db.run(work)
+
+    def __len__(self) -> int:
+        return int(_fetch(self._db, "SELECT count(*) FROM {s}.cache", ())[0][0])
+
+
+class PostgresEventRows:
+    """Each run's event log; :meth:`wait` sleeps on LISTEN/NOTIFY, not on a poll."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self.channel = f"{db.sql.schema}_events"  # the schema name is an identifier already
+
+    def append(self, run: str, event: dict[str, Any]) -> None:
+        sql = self._db.sql(
+            "WITH ins AS (INSERT INTO {s}.events (run, event) VALUES (%s, %s::json) RETURNING pos)"
+            " SELECT pg_notify(%s, %s) FROM ins"
+        )
+        params = (run, Json(event), self.channel, run)
+        self._db.run(lambda conn: conn.execute(sql, params))
+
+    def read(self, run: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
+        sql = "SELECT pos, event FROM {s}.events WHERE run = %s AND pos > %s ORDER BY pos"
+        return [(int(pos), event) for pos, event in _fetch(self._db, sql, (run, after))]
+
+    def wait(self, run: str, after: int, timeout: float) -> bool:
+        """Until the run has an event after ``after`` (True) or ``timeout`` passes."""
+        lock, conn = self._db.listener()
+        newer = self._db.sql("SELECT EXISTS (SELECT FROM {s}.events WHERE run = %s AND pos > %s)")
+        deadline = time.monotonic() + max(0.0, timeout)
+        with lock:
+            try:
+                conn.execute(f"LISTEN {self.channel}")
+                while True:
+                    if conn.execute(newer, (run, after)).fetchone() == (True,):
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    for _ in conn.notifies(timeout=left, stop_after=1):
+                        pass  # any run's event: look again
+            except psycopg.Error as exc:
+                raise self._db.unavailable(exc) from None
+
+
+def _of_workspace(workspace_id: str | None) -> tuple[str, tuple[str, ...]]:
+    """A WHERE clause (and its parameters) for one workspace's rows, or for all of them."""
+    return ("", ()) if workspace_id is None else (" WHERE workspace_id = %s", (workspace_id,))
+
+
+def _fetch(db: Database, template: str, params: Any) -> list[tuple[Any, ...]]:
+    sql = db.sql(template)
+    return db.run(lambda conn: conn.execute(sql, params).fetchall())
