@@ -1,8 +1,9 @@
 """The JSON-lines protocol between the flower supervisor and its step children.
 
 One JSON object per line, ``{"v": 1, "type": "<name>", ...fields}``, UTF-8, on dedicated pipes.
-Parent -> child: start, interrupt, answer, shutdown. Child -> parent: hello, session, event, ask,
-result, failure. Anything malformed is a ``ProtocolError``. Depends on the standard library only.
+Parent -> child: start, interrupt, answer, shutdown, kept. Child -> parent: hello, session,
+event, ask, result, failure. Anything malformed is a ``ProtocolError``. Depends on the standard
+library only.
 """
 
 from ipc.codec import MAX_LINE_BYTES, PROTOCOL_VERSION, decode, encode
@@ -18,6 +19,7 @@ from ipc.messages import (
     Failure,
     Hello,
     Interrupt,
+    Kept,
     Message,
     Result,
     Session,
@@ -40,6 +42,7 @@ __all__ = [
     "Failure",
     "Hello",
     "Interrupt",
+    "Kept",
     "LineReader",
     "LineWriter",
     "Message",

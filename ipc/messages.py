@@ -1,4 +1,4 @@
-"""The ten messages between the supervisor and a step child, validated on construction.
+"""The eleven messages between the supervisor and a step child, validated on construction.
 
 Each message is a frozen dataclass whose annotations are its wire schema: ``_TYPE_CHECKS`` maps
 every annotation used below to the check a decoded value must pass, so the table of classes is the
@@ -192,6 +192,16 @@ class Shutdown(Message):
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Kept(Message):
+    """The supervisor has recorded the session the child reported (lineage holds it): a
+    kill from now on resumes it. A new session's first tool call waits for this, so a call
+    never takes effect in a session nobody could resume after a kill."""
+
+    TYPE: ClassVar[str] = "kept"
+    session_id: str
+
+
 # --- child -> parent ------------------------------------------------------------------------
 
 
@@ -264,7 +274,7 @@ class Failure(Message):
     cause: str | None = None
 
 
-PARENT_TO_CHILD: tuple[type[Message], ...] = (Start, Interrupt, Answer, Shutdown)
+PARENT_TO_CHILD: tuple[type[Message], ...] = (Start, Interrupt, Answer, Shutdown, Kept)
 CHILD_TO_PARENT: tuple[type[Message], ...] = (Hello, Session, EventMsg, Ask, Result, Failure)
 
 #: Wire name -> message class.

@@ -3,7 +3,11 @@
 Through the real bundled CLI against the scripted model server, in this process (the hooks
 run where the attempt runs in every placement, so a step child pays the same):
 
-- bare: an SDK session with no hooks at all (the same session store, flushed eagerly);
+- bare: the same options as flower's below (session store flushed eagerly, the workbench's
+  prompt and directory) with no hooks at all;
+- empty: the same with two hooks that do nothing (one ``PreToolUse``, one ``PostToolUse``,
+  every tool): what the CLI's control round trips alone cost, the floor of any hook layer
+  that sees every call before and after it runs;
 - flower: the options a Runtime's attempt gets (``flower.step.attempt.options_for``): the
   whitelist guard, the workbench's index and spill guards, and the tool ledger (its
   ``PreToolUse`` records the start and the message that asked for the call, its
@@ -12,10 +16,13 @@ run where the attempt runs in every placement, so a step child pays the same):
 
 Each session makes ``--calls`` Bash calls (``true``), each answered at once by the model
 server; a call's cycle is the time between the model server receiving two consecutive
-requests (the CLI running the tool, the hooks, the next request; a new session's first
-call, which also waits for the session to reach sessions.db, is left out). Sessions of both kinds
-alternate in ``--rounds`` rounds so machine noise hits both alike; the figures are medians
-over every call of every round. Goal (issue 8): under 5 ms added per call at the median.
+requests (the CLI running the tool, the hooks, the next request; a new session's first call,
+which also waits for the session to reach sessions.db, is left out). Sessions of the three
+kinds alternate in ``--rounds`` rounds, the order reversed every other round, so machine noise
+hits them alike; the figures are medians over every call of every round. Each hook callback
+is a round trip of the CLI's control protocol (the CLI writes a request, this process wakes,
+answers, the CLI wakes): on a loaded machine the wake-ups wait for a free core, so the
+figures grow with the load. Goal (issues 8, 17): at most 5 ms added per call at the median.
 
 Then the cost of learning the real window once (``get_context_usage``), which an attempt
 pays before its prompt when the window is a guess nobody has corrected yet: wall time,
@@ -52,23 +59,52 @@ def script(calls: int) -> dict[str, Any]:
     return {"conversations": [{"name": "b", "match": {"marker": "[[b]]"}, "turns": turns}]}
 
 
-async def session(options: Any, prompt: str) -> None:
-    from claude_agent_sdk import ClaudeSDKClient, ResultMessage
+async def session(options: Any, prompt: str, ledger: Any = None) -> str:
+    """Run one session to its result; its id. ``ledger`` sees the model's messages as an
+    attempt's does (its ``PreToolUse`` keeps the message that asked for the call)."""
+    from claude_agent_sdk import AssistantMessage, ClaudeSDKClient, ResultMessage
 
     client = ClaudeSDKClient(options)
     await client.connect()
+    sid = ""
     try:
         await client.query(prompt)
         async for msg in client.receive_response():
-            if isinstance(msg, ResultMessage) and msg.is_error:
-                raise SystemExit(f"bench session failed: {msg.result}")
+            if ledger is not None and isinstance(msg, AssistantMessage) and not msg.error:
+                ledger.saw(msg)
+            if isinstance(msg, ResultMessage):
+                if msg.is_error:
+                    raise SystemExit(f"bench session failed: {msg.result}")
+                sid = msg.session_id
     finally:
         await client.disconnect()
+    return sid
 
 
 def cycles(server: ModelServer, since: int) -> list[float]:
     times = [r.time for r in server.requests[since:] if r.path == "/v1/messages"]
     return [(b - a) * 1000 for a, b in itertools.pairwise(times[1:])]
+
+
+def spans(rt: Any, sid: str) -> list[float]:
+    """Each call's span inside the CLI: from its ``tool_use`` entry to its ``tool_result``
+    entry (the CLI's own millisecond timestamps): the hooks, the tool, no model request."""
+    from flower.state.ledger import timestamp_epoch
+    from flower.state.trim import tool_results, tool_uses
+
+    entries = rt.store.load_sync({"project_key": rt.project_key, "session_id": sid}) or []
+    asked: dict[str, float] = {}
+    out = []
+    for entry in entries:
+        when = timestamp_epoch(entry.get("timestamp"))
+        if when is None:
+            continue
+        for _, block in tool_uses(entry):
+            asked[block.get("id")] = when
+        for _, block in tool_results(entry):
+            if block.get("tool_use_id") in asked:
+                out.append((when - asked[block["tool_use_id"]]) * 1000)
+    return out[1:]  # the first call also waits for the session to reach sessions.db
 
 
 def runtime(root: Path) -> Any:
@@ -80,12 +116,19 @@ def runtime(root: Path) -> Any:
 def bare_options(rt: Any) -> Any:
     from dataclasses import replace
 
-    from flower import AgentSpec
-    from flower.agents.agent import build_options
+    return replace(flower_options(rt), hooks=None)
 
-    spec = AgentSpec("bench", "bench", allowed_tools=["Bash"], permission_mode="acceptEdits")
-    opts = build_options(spec, cwd=rt.workspace, session_store=rt.store, portable=True)
-    return replace(opts, hooks=None)
+
+def empty_options(rt: Any) -> Any:
+    from dataclasses import replace
+
+    from claude_agent_sdk.types import HookMatcher
+
+    async def nothing(data: Any, tool_use_id: str | None, ctx: Any) -> Any:
+        return {}
+
+    matcher = [HookMatcher(matcher=None, hooks=[nothing])]
+    return replace(bare_options(rt), hooks={"PreToolUse": matcher, "PostToolUse": matcher})
 
 
 def flower_options(rt: Any) -> Any:
@@ -132,30 +175,34 @@ def main() -> None:
     with ModelServer(script(args.calls), log_path=root / "requests.jsonl") as server:
         os.environ.update(cli_env(root / "home", server.url))
         rt = runtime(root)
-        bare: list[float] = []
-        flower: list[float] = []
+        kinds = {"bare": bare_options, "empty": empty_options, "flower": flower_options}
+        cycle: dict[str, list[float]] = {kind: [] for kind in kinds}
+        span: dict[str, list[float]] = {kind: [] for kind in kinds}
         for r in range(args.rounds):
-            for kind, make, into in (
-                ("bare", bare_options, bare),
-                ("flower", flower_options, flower),
-            ):
+            order = list(kinds) if r % 2 == 0 else list(kinds)[::-1]  # no kind always last
+            for kind in order:
                 since = len(server.requests)
-                asyncio.run(session(make(rt), f"[[b]] {kind} {r}"))
+                ledger = rt.store.ledger if kind == "flower" else None
+                sid = asyncio.run(session(kinds[kind](rt), f"[[b]] {kind} {r}", ledger))
                 got = cycles(server, since)
                 if len(got) < args.calls - 2:
                     raise SystemExit(f"{kind} session made {len(got)} calls, not {args.calls}")
-                into.extend(got)
+                cycle[kind].extend(got)
+                span[kind].extend(spans(rt, sid))
         wc = [asyncio.run(window_cost(server)) for _ in range(3)]
         rt.close()
-    mb, mf = statistics.median(bare), statistics.median(flower)
-    print(f"tool calls: {len(bare)} bare, {len(flower)} with flower's hooks ({args.rounds} rounds)")
-    print(f"per call, median: bare {mb:.1f} ms, flower {mf:.1f} ms")
-    print(f"added by the hooks: {mf - mb:+.1f} ms per call at the median, ratio {mf / mb:.2f}x")
-    q = statistics.quantiles
     print(
-        f"p90: bare {q(bare, n=10)[-1]:.1f} ms, flower {q(flower, n=10)[-1]:.1f} ms"
-        "  (goal: under 5 ms added at the median)"
+        f"tool calls: {len(cycle['bare'])} bare, {len(cycle['empty'])} with two empty hooks,"
+        f" {len(cycle['flower'])} with flower's hooks ({args.rounds} rounds)"
     )
+    for what, got in (("cycle (request to request)", cycle), ("tool span (inside the CLI)", span)):
+        b, e, f = (statistics.median(got[kind]) for kind in kinds)
+        print(
+            f"per call, median {what}: bare {b:.1f} ms, empty hooks {e:.1f} ms,"
+            f" flower {f:.1f} ms; added by flower's hooks {f - b:+.1f} ms"
+            f" (the CLI's two round trips alone {e - b:+.1f} ms)"
+        )
+    print("goal: at most 5 ms added per call at the median")
     walls = [w for w, _, _ in wc]
     print(
         "learning the CLI's window (get_context_usage), 3 times: "

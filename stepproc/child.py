@@ -45,6 +45,7 @@ from ipc import (
     Failure,
     Hello,
     Interrupt,
+    Kept,
     LineReader,
     LineWriter,
     Message,
@@ -155,6 +156,14 @@ class _Child:
         self.work: asyncio.Task[int] | None = None
         self.pending: set[asyncio.Task[None]] = set()
         self.questions: dict[str, asyncio.Future[str]] = {}
+        # Sessions the supervisor has recorded (Kept): the tool ledger holds a new session's
+        # first call until then. A session resumed (not forked) is on record already.
+        self.kept: dict[str, asyncio.Event] = {}
+        if setup.call.resume and not setup.call.fork:
+            self._kept(setup.call.resume).set()
+        ledger = getattr(setup.seat.store, "ledger", None)
+        if ledger is not None:
+            ledger.kept = self.session_kept
         # A HumanChannel's tools in this child put their calls to the supervisor's copy of
         # the channel: only the supervisor talks to the person and keeps the log and quota.
         set_relay(self.relay)
@@ -181,6 +190,13 @@ class _Child:
             return await answer or nobody  # "closed": the supervisor could not ask
         finally:
             self.questions.pop(qid, None)
+
+    def _kept(self, sid: str) -> asyncio.Event:
+        return self.kept.setdefault(sid, asyncio.Event())
+
+    async def session_kept(self, sid: str) -> None:
+        """Until the supervisor has recorded session ``sid`` (a kill then resumes it)."""
+        await self._kept(sid).wait()
 
     def send(self, msg: Message) -> bool:
         try:
@@ -214,6 +230,8 @@ class _Child:
             task.add_done_callback(self.pending.discard)
         elif isinstance(item, Shutdown) and self.work is not None:
             self.work.cancel()
+        elif isinstance(item, Kept):
+            self._kept(item.session_id).set()
         elif isinstance(item, Answer):
             waiting = self.questions.get(item.id)
             if waiting is not None and not waiting.done():

@@ -53,6 +53,7 @@ from ipc import (
     Failure,
     Hello,
     Interrupt,
+    Kept,
     LineReader,
     LineWriter,
     Message,
@@ -377,7 +378,8 @@ class Forked:
             if item.session_id not in writes:
                 writes.add(item.session_id)
                 self._writing_now(item.session_id)
-            watch.on_session(item.session_id)
+            watch.on_session(item.session_id)  # lineage is written before this returns
+            child.send(Kept(session_id=item.session_id))  # its first tool call may run now
         elif isinstance(item, EventMsg):
             watch.on_event(event_of(item))
         elif isinstance(item, Ask):

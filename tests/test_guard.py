@@ -270,8 +270,13 @@ def test_a_failed_spill_keeps_the_result_whole(
     assert "not spilled" in caplog.text
 
 
-def test_a_pointer_longer_than_the_result_is_not_worth_it(wb: Workbench) -> None:
-    assert call(spill_guard(wb, threshold=10), post("Bash", {}, {"stdout": "x" * 50})) == {}
+def test_a_tiny_threshold_spills_even_when_the_pointer_is_longer(wb: Workbench) -> None:
+    """api.md: a string field of at least ``threshold`` characters is spilled, whatever
+    the pointer costs (the reference has no "not worth it" exception)."""
+    out = _spilled(call(spill_guard(wb, threshold=10), post("Bash", {}, {"stdout": "x" * 50})))
+    assert out["stdout"].endswith("x" * 50) and len(out["stdout"]) > 50
+    assert _spill_file(wb, "x" * 50).read_text(encoding="utf-8") == "x" * 50
+    assert call(spill_guard(wb, threshold=10), post("Bash", {}, {"stdout": "x" * 9})) == {}
 
 
 def test_a_lone_surrogate_does_not_break_the_spill(wb: Workbench) -> None:

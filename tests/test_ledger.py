@@ -330,6 +330,63 @@ def test_a_ledger_that_cannot_be_written_warns_once_and_never_raises(
     assert len([r for r in caplog.records if "ledger" in r.getMessage()]) == 1
 
 
+def test_a_new_sessions_first_call_waits_until_its_session_is_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step child's ledger is told when the supervisor has the session on record: until
+    then the session's first call does not start (a kill would leave nothing to resume it
+    by); later calls never wait; a record that never comes costs KEPT_WAIT_S, said once."""
+    monkeypatch.setenv("FLOWER_LANG", "en")  # the English texts are asserted
+    store = _store(tmp_path)
+    pre = store.ledger.hooks()["PreToolUse"][0].hooks[0]
+    released = asyncio.Event()
+    asked: list[str] = []
+
+    async def kept(sid: str) -> None:
+        asked.append(sid)
+        await released.wait()
+
+    store.ledger.kept = kept
+
+    async def go() -> None:
+        await store.append({"project_key": PK, "session_id": SID}, [prompt("p")])
+        first = asyncio.create_task(pre(_hook_input("PreToolUse", "t1"), "t1", None))
+        for _ in range(50):  # the store part is met at once; the record is not
+            await asyncio.sleep(0.002)
+        assert not first.done() and store.ledger.calls(["t1"]) == {}
+        released.set()
+        assert await asyncio.wait_for(first, 5) == {}
+        assert store.ledger.calls(["t1"])["t1"].state == "started"
+        released.clear()  # the session's later calls do not wait
+        await asyncio.wait_for(pre(_hook_input("PreToolUse", "t2"), "t2", None), 5)
+
+    asyncio.run(go())
+    assert asked == [SID]
+
+    monkeypatch.setattr("flower.state.ledger.KEPT_WAIT_S", 0.05)
+    other = _store(tmp_path / "other")
+
+    async def never(sid: str) -> None:
+        await asyncio.Event().wait()
+
+    other.ledger.kept = never  # the call goes on, with one warning
+    pre = other.ledger.hooks()["PreToolUse"][0].hooks[0]
+
+    async def late() -> None:
+        await other.append({"project_key": PK, "session_id": SID}, [prompt("p")])
+        await asyncio.wait_for(pre(_hook_input("PreToolUse", "t3"), "t3", None), 5)
+
+    with caplog.at_level("WARNING", logger="flower"):
+        asyncio.run(late())
+    assert other.ledger.calls(["t3"])["t3"].state == "started"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"session {SID} was not recorded for resuming in time;"
+        " a kill before the CLI records the call may repeat it"
+    ]
+    store.close()
+    other.close()
+
+
 def lost_call(tid: str, parts: list[dict[str, Any]], *, started: float) -> Call:
     return Call(
         tid,

@@ -255,9 +255,7 @@ def _spilled(
     path = spill_dir / f"{_digest(value)}.txt"
     head = value[:HEAD_CHARS]
     pointer = _POINTER.format(path=workbench.show(path), chars=len(value), head=len(head))
-    if len(pointer) + len(head) >= len(value):  # a tiny threshold: nothing to gain
-        return value
-    files[path] = value
+    files[path] = value  # even when pointer and head are longer (a tiny threshold): api.md
     return pointer + head
 
 

@@ -12,7 +12,9 @@ tables keep every original byte). Three hooks, installed for every attempt of ev
 in every placement (they run where the attempt runs, synchronously for the CLI):
 
 - ``PreToolUse`` records that the call started (a new session's first call first waits
-  until the session is in the store at all), with the model's message that asked for it
+  until the session is in the store at all and, in a step child, until the supervisor has
+  written it into lineage: before either, a kill left the step to start a fresh session, and
+  the call ran again), with the model's message that asked for it
   (as the attempt saw it on the SDK's stream, :meth:`ToolLedger.saw`): the CLI commits that
   message's entry only some 85 ms later, so a kill in between would otherwise lose the call
   altogether (on resume the model asked for it again, and it ran twice).
@@ -73,6 +75,10 @@ define(
             "会话 {session} 没能及时写进 sessions.db",
             "session {session} did not reach sessions.db in time",
         ),
+        "ledger.session_unkept": (
+            "会话 {session} 没能及时记下来以便续跑",
+            "session {session} was not recorded for resuming in time",
+        ),
         "ledger.unwritable": (
             "工具台账写不进去:{error}",
             "the tool ledger could not be written: {error}",
@@ -95,8 +101,13 @@ __all__ = [
 MAX_CONTENT_CHARS = 200_000
 #: Main-thread messages kept in memory for ``PreToolUse`` (one per content block).
 KEEP_MESSAGES = 256
-#: How long a new session's first tool call waits for the session to be in the store.
+#: How long a new session's first tool call waits, at most, for the session to be in the store.
 SESSION_WAIT_S = 2.0
+#: How long it waits, at most, for the session to be on record (:attr:`ToolLedger.kept`). A
+#: bound, not a cost: the wait ends the moment the record is made (a step child's supervisor
+#: took over 200 ms with every core busy); a supervisor that never answers is gone, and its
+#: children with it.
+KEPT_WAIT_S = 10.0
 
 NOT_FINISHED_TEXT = (
     "[这次工具调用已经开始执行,但会话在它结束之前中断了,结果没有记录下来,"
@@ -214,7 +225,12 @@ class ToolLedger:
         self._warned = False
         self._turn: tuple[str | None, list[dict[str, Any]]] = (None, [])  # message id, parts
         self._asked: dict[str, list[dict[str, Any]]] = {}  # tool_use id -> its message
-        self._kept: set[str] = set()  # sessions known to be in the store
+        self._waited: set[str] = set()  # sessions whose first call has waited
+        #: Awaited with a new session's id before its first call runs, once the session is in
+        #: the store: returns when whoever resumes the session after a kill has it on record.
+        #: A step child sets it (its supervisor writes lineage); in one process lineage is
+        #: written from the very message that asked for the call, before its hook runs.
+        self.kept: Callable[[str], Awaitable[None]] | None = None
         self._recorded: dict[str, tuple[str, bool]] = {}  # tool_use id -> content written
 
     # -- writing ------------------------------------------------------------------------
@@ -256,7 +272,7 @@ class ToolLedger:
         asked = self._asked.pop(tid, None) if main else None
         call = _who(tid, data)
         sid = call[1]
-        if sid and sid not in self._kept:
+        if sid and sid not in self._waited:
             await self._wait_for(sid)
         row = LedgerRow(
             *call,
@@ -273,22 +289,32 @@ class ToolLedger:
         return text
 
     async def _wait_for(self, session_id: str) -> None:
-        """Until the session is in the store at all. A kill before the CLI's first entries
-        land (they trail by ~100 ms) leaves nothing to resume and nothing to restore a call
-        into, so a new session's first call waits for them; every later call is free."""
-        deadline = time.monotonic() + SESSION_WAIT_S
-        self._kept.add(session_id)  # waited for once, whatever comes of it
+        """Until the session can be resumed after a kill: it is in the store at all, and
+        whoever resumes it has it on record (:attr:`kept`). A kill before the CLI's first
+        entries land (they trail by ~100 ms) leaves nothing to resume and nothing to restore
+        a call into; a kill before a step child's supervisor has written the session into
+        lineage leaves the step to start a fresh session. Either way the call would run
+        again, so a new session's first call waits for both; every later call is free."""
+        started = time.monotonic()
+        deadline = started + SESSION_WAIT_S
+        self._waited.add(session_id)  # waited for once, whatever comes of it
         while True:
             try:
                 if self.store.has_session(None, session_id):
-                    return
+                    break
             except Exception as exc:  # noqa: BLE001 - the call goes on; said once
                 self._warn(t("ledger.db_unreadable", error=exc))
-                return
+                break
             if time.monotonic() > deadline:
                 self._warn(t("ledger.session_late", session=session_id))
-                return
+                break
             await asyncio.sleep(0.005)
+        if self.kept is not None:
+            try:
+                left = started + KEPT_WAIT_S - time.monotonic()
+                await asyncio.wait_for(self.kept(session_id), left)
+            except TimeoutError:
+                self._warn(t("ledger.session_unkept", session=session_id))
 
     async def finished(self, data: dict[str, Any], tool_use_id: str | None) -> None:
         tid = str(data.get("tool_use_id") or tool_use_id or "")
