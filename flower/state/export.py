@@ -17,8 +17,8 @@ the key its path gives it (:func:`flower.state.identity.workspace_id` with ``kee
 copied sessions are found where the runs look for them; a workspace that has an identity
 already keeps it, and its sessions are copied under it.
 
-It reads the local files only (sessions.db read-only, ``mode=ro``; nothing is set aside,
-nothing rewritten) and copies only what the database does not hold yet: running it twice
+It reads the local files only (sessions.db read-only; nothing is set aside, nothing
+rewritten) and copies only what the database does not hold yet: running it twice
 changes nothing the second time. What the database already holds of its own (a lineage a
 run there has moved on, a session a run there continued) is kept, never overwritten.
 """
@@ -76,7 +76,7 @@ define(
         ),
         "export.sessions.owned": (
             "          {n} 个会话在数据库里已被接着跑过,它们多出的本地记录没有复制",
-            "           {n} {n|session|sessions} went on in the database since: their "
+            "           {n} {n|session|sessions} went on in the database since: {n|its|their} "
             "extra local entries were not copied",
         ),
         "export.ledger": (
@@ -111,7 +111,7 @@ define(
         ),
         "export.foreign": (
             "          另有 {n} 次运行是别的工作区的,没有复制",
-            "           {n} other {n|run|runs} belong to other workspaces: not copied",
+            "           {n} other {n|run belongs|runs belong} to other workspaces: not copied",
         ),
         "export.cache": (
             "跨运行缓存 复制了 {copied} 条,{same} 条已在",
@@ -287,12 +287,17 @@ class _Copy:
 
     @contextlib.contextmanager
     def _local_db(self) -> Iterator[sqlite3.Connection | None]:
-        """sessions.db, read-only (None when there is none)."""
+        """sessions.db, read-only (None when there is none). A database closed cleanly has
+        no write-ahead log left: it is read as immutable, which makes no ``-shm``/``-wal``
+        file beside it (``mode=ro`` does, and cannot remove them). One whose writer was
+        killed keeps its log, which holds the last entries: read through it then."""
         if not self.db.exists():
             yield None
             return
+        wal = Path(f"{self.db}-wal")
+        how = "mode=ro" if wal.exists() and wal.stat().st_size > 0 else "immutable=1"
         try:
-            conn = sqlite3.connect(f"{self.db.as_uri()}?mode=ro", uri=True, timeout=10)
+            conn = sqlite3.connect(f"{self.db.as_uri()}?{how}", uri=True, timeout=10)
         except sqlite3.Error as exc:
             raise self._unreadable(self.db, exc) from None
         try:
