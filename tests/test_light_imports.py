@@ -2,7 +2,8 @@
 
 ``flower --help``, ``flower-super status`` and ``cancel`` answer at once only while what
 they import leaves out claude_agent_sdk (about a second to import), anyio (its event-loop
-layer) and the SQLite session store (which imports the SDK). Each check runs in a fresh
+layer), the SQLite session store (which imports the SDK) and, against local files, the
+PostgreSQL driver. Each check runs in a fresh
 interpreter: this test process has the SDK loaded already (conftest's model server).
 scripts/bench_cli.py measures the time itself.
 """
@@ -23,7 +24,8 @@ import flower
 pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("claude_agent_sdk", "anyio", "flower.state.sqlite")
+# psycopg (~0.1 s): loaded only when the run state is a database (issue 18).
+HEAVY = ("claude_agent_sdk", "anyio", "flower.state.sqlite", "psycopg")
 # The modules the light commands import.
 LIGHT = (
     "supervisor.cli",
