@@ -227,13 +227,15 @@ define(
             "print one JSON object instead of text",
         ),
         "super.help.status": (
-            "在 RUN_DIR 里跑过的每个 flower:在跑还是已停、状态、步骤、会话、最后几行清单。\n\n"
+            "在 RUN_DIR 里跑过的每个 flower(用状态地址时:工作区 -w 的每个 flower):"
+            "在跑还是已停、状态、步骤、会话、最后几行清单。\n\n"
             "退出码:0 没有已停又没做完的;3 有(它下面列出接着做的命令);"
-            "2 那里没有运行目录,或它是个文件(一行说明加提示)。",
-            "Every flower that ran in RUN_DIR: live or dead, state, step, session, last rows."
+            "2 那里没有运行目录,或它是个文件,或状态地址用不了(一行说明加提示)。",
+            "Every flower that ran in RUN_DIR (with a state URL: every flower of the workspace "
+            "-w): live or dead, state, step, session, last rows."
             "\n\nExit status: 0 when nothing is dead-and-unfinished; 3 otherwise (the command "
             "that carries it on is shown under it); 2 when there is no run directory there, or "
-            "it is a file (one line with a hint).",
+            "it is a file, or the state URL cannot be used (one line with a hint).",
         ),
         "super.help.cancel": (
             "像 SIGTERM 那样停下在跑的 flower RUN(status 列出的 run id,或能唯一确定的前缀)。"

@@ -28,10 +28,10 @@ define(
     {
         "state.help.option": (
             "运行状态存在哪:postgresql:// 地址(默认:环境变量或 .env 里的 FLOWER_STATE;"
-            "都没有就用运行目录里的本地文件;--state '' 强制用本地文件)",
+            "都没有就用运行目录里的本地文件;--state '' 强制用本地文件)。",
             "where the run state lives: a postgresql:// URL (default: FLOWER_STATE from the "
             "environment or a .env file; without one, the run directory's local files; "
-            "--state '' forces the local files)",
+            "--state '' forces the local files).",
         ),
         "state.help.where": (
             "用了状态地址时,运行目录里不写任何运行状态(会话、血缘、清单、运行记录、缓存、"
@@ -133,21 +133,9 @@ def looking(run_dir: Path, workspace: Path, given: str | None) -> Iterator[Seen]
 
 def without_password(url: str) -> str:
     """``url`` with its password left out (in the authority, or as a parameter)."""
-    from flower.state.postgres.url import MASK, mask
+    from flower.state.postgres.url import mask
 
-    masked = mask(url)
-    scheme, sep, rest = masked.partition("://")
-    if not sep:
-        return url
-    authority, slash, tail = rest.partition("/")
-    if "@" in authority:
-        userinfo, _, hosts = authority.rpartition("@")
-        authority = f"{userinfo.removesuffix(':' + MASK)}@{hosts}"
-    if "?" in tail:
-        path, _, query = tail.partition("?")
-        kept = [p for p in query.split("&") if not p.endswith("=" + MASK)]
-        tail = f"{path}?{'&'.join(kept)}" if kept else path
-    return f"{scheme}{sep}{authority}{slash}{tail}"
+    return mask(url, drop=True)
 
 
 def lacks_password(command: list[str]) -> bool:

@@ -132,12 +132,7 @@ def load_credentials(workspace: str | Path | None = None) -> list[str]:
     the run down with it.
     """
     names: list[str] = []
-    seen: set[Path] = set()
-    for path in env_files(workspace):
-        resolved = path.resolve()
-        if resolved in seen:
-            continue
-        seen.add(resolved)
+    for path in _each_once(env_files(workspace)):
         names += _apply(_read_env_file(path), path)
     for path in settings_files():
         names += _apply(_borrowed(path), path)
@@ -172,16 +167,21 @@ def lookup(name: str, workspace: str | Path | None = None) -> str | None:
     value = os.environ.get(name)
     if value:
         return value
-    seen: set[Path] = set()
-    for path in env_files(workspace):
-        resolved = path.resolve()
-        if resolved in seen:
-            continue
-        seen.add(resolved)
+    for path in _each_once(env_files(workspace)):
         for key, found in _read_env_file(path):
             if key == name and found:
                 return found
     return None
+
+
+def _each_once(paths: Iterable[Path]) -> Iterable[Path]:
+    """``paths`` in order, each file once (two names of one file count as one)."""
+    seen: set[Path] = set()
+    for path in paths:
+        resolved = path.resolve()
+        if resolved not in seen:
+            seen.add(resolved)
+            yield path
 
 
 def loaded() -> dict[str, str]:
