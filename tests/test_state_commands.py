@@ -394,3 +394,40 @@ def test_every_state_mistake_is_one_line_on_every_command(
         assert done.returncode == (1 if name == "flower" else 2), (name, shown)
         assert not runs.exists(), f"{name} left a run_dir behind"
         assert not (ws / ".flower" / "workspace-id").exists(), name
+
+
+# -- --new ---------------------------------------------------------------------------------
+
+
+def test_new_archives_the_databases_lineage_and_waits_for_a_live_flower(
+    pg_dsn: str, tmp_path: Path, en: None
+) -> None:
+    from flower import RunDirBusy
+    from flower.workflow.starter import archive, wake_state
+    from supervisor.flows import refuse_new_while_live
+
+    st = shared(pg_dsn, tmp_path / "ws")
+    lineage = st.lineage()
+    lineage.bump()
+    lineage.remember("干活", "s-work")
+    notes = st.workspace / ".flower" / "notes"
+    notes.mkdir(parents=True)
+    (notes / "需求.md").write_text("# 需求\n")
+    try:
+        assert wake_state(st.workspace, run_dir=st.run_dir, state=st)["steps"] == {"干活": "s-work"}
+        live = record(st, "20260101-000000-aaaaa1", live=True)
+        with pytest.raises(RunDirBusy, match=f"in use by flower pid {live.pid}"):
+            refuse_new_while_live(st)
+        live.state = FINISHED
+        st.registry.write(live)
+        refuse_new_while_live(st)
+        into = archive(st.workspace, st.run_dir, notes, state=st)
+        assert st.peek_lineage() == {}
+        assert wake_state(st.workspace, run_dir=st.run_dir, state=st)["woke"] == 0
+    finally:
+        st.close()
+    assert (into / "需求.md").exists() and not (notes / "需求.md").exists()
+    assert not st.run_dir.exists(), "nothing of the state under the run_dir"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        kept = conn.execute("SELECT woke, steps FROM flower.lineage_archive").fetchall()
+    assert kept == [(1, {"干活": "s-work"})]
