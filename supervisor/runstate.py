@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower.i18n import define, t
-from flower.state.backends import STATE_ENV
+from flower.i18n import define
+from flower.state.backends import STATE_ENV, open_state
 
 define(
     {
@@ -62,10 +62,6 @@ class Choice:
     url: str
     given: bool
 
-    @property
-    def shared(self) -> bool:
-        return bool(self.url)
-
     def resume_args(self) -> list[str]:
         """What a resume or inspection command repeats of it: ``--state URL`` (without a
         password) when it was given on the command line, else nothing."""
@@ -89,8 +85,6 @@ def open_chosen(choice: Choice, *, run_dir: Path, workspace: Path, create: bool)
     is not PostgreSQL's, a refused password, a database that is missing or down, a schema
     from a newer flower are each one FlowerError line with a hint. ``create=False`` (the
     commands that only look) writes nothing into the workspace."""
-    from flower.state.backends import open_state
-
     return open_state(choice.url, run_dir=run_dir, workspace=workspace, create=create)
 
 
@@ -147,7 +141,3 @@ def lacks_password(command: list[str]) -> bool:
         return False
     authority = url.partition("://")[2].partition("/")[0]
     return "@" in authority and ":" not in authority.rpartition("@")[0]
-
-
-def no_password_line() -> str:
-    return t("state.no_password")

@@ -36,7 +36,7 @@ from flower.state.registry import (
 )
 from flower.state.reuse import report_lines, summary
 from flower.state.stores import SESSIONS_DB
-from supervisor.runstate import Seen, lacks_password, no_password_line
+from supervisor.runstate import Seen, lacks_password
 
 LAST_ROWS = 10
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.
@@ -353,7 +353,7 @@ def _flower_lines(f: FlowerView) -> list[str]:
             t("status.resume", cwd=shlex.quote(r.cwd or "."), command=shlex.join(f.resume_command))
         )
         if lacks_password(f.resume_command):
-            out.append(no_password_line())
+            out.append(t("state.no_password"))  # defined with lacks_password
     return out
 
 

@@ -5,7 +5,6 @@ and the local files are left byte for byte as they were."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sqlite3
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 
 from flower import FlowerError
 from flower.cache import CacheStore, Entry, cache_key
+from flower.i18n import t
 from flower.state.backends import SharedState
 from flower.state.eventlog import EventLog
 from flower.state.export import export_state
@@ -194,21 +194,20 @@ def test_what_ran_locally_since_is_copied_and_what_ran_in_the_database_is_kept(
     asyncio.run(store.append(key, more))
     local_now = store.load_sync(key)
     store.close()
-    with (runs / "lineage.json").open("r+") as f:  # a local wake since
-        doc = json.load(f)
-        doc["woke"] = 5
-        f.seek(0)
-        f.truncate()
-        json.dump(doc, f)
+    Lineage(runs / "lineage.json", ws).bump()  # a local wake since: woke 2
     st = SharedState(pg_dsn, run_dir=runs, workspace=ws, create=False)
     try:
-        with st.rows.lineage.update(st.workspace_id) as box:  # a run in the database too
-            box[0] = type(box[0])(box[0].workspace, 2, dict(box[0].steps))
         done = export_state(runs, ws, pg_dsn)
         assert st.rows.sessions.load_sync(key) == local_now
         assert done.counts["sessions"][0] == 2
-        assert st.peek_lineage()["woke"] == 2, "the database's own lineage is never overwritten"
-        assert done.counts["lineage"] == (0, 1)
+        assert st.peek_lineage()["woke"] == 2 and done.counts["lineage"] == (1, 0)
+        with st.rows.lineage.update(st.workspace_id) as box:  # then runs in the database
+            box[0] = type(box[0])(box[0].workspace, 4, dict(box[0].steps))
+        Lineage(runs / "lineage.json", ws).bump()  # and one more local wake: woke 3
+        again = export_state(runs, ws, pg_dsn)
+        assert st.peek_lineage()["woke"] == 4, "the database's own lineage is never overwritten"
+        assert again.counts["lineage"] == (0, 1)
+        assert t("export.lineage.kept", woke=4, steps=1) in again.lines
     finally:
         st.close()
 

@@ -7,7 +7,8 @@ the same row stores the runs use (:class:`~flower.state.backends.SharedState`):
   entry in order, with its uuid; the workspace's own ones under its identity (keys of other
   workspaces keep their project key);
 - the tool ledger's rows, as they are;
-- the lineage (its wake count and steps) when it is this workspace's;
+- the lineage (its wake count and steps) when it is this workspace's and woken more often
+  than the database's copy (a tie, or fewer, and the database's stands);
 - the manifest rows, the registry records (the run history) and the event logs of this
   workspace's runs (and of runs no record names);
 - the cross-run cache's entries and its ``last.json``.
@@ -19,8 +20,9 @@ already keeps it, and its sessions are copied under it.
 
 It reads the local files only (sessions.db read-only; nothing is set aside, nothing
 rewritten) and copies only what the database does not hold yet: running it twice
-changes nothing the second time. What the database already holds of its own (a lineage a
-run there has moved on, a session a run there continued) is kept, never overwritten.
+changes nothing the second time; what ran locally since is copied the next time. What the
+database already holds of its own (a lineage a run there has woken further, a session a
+run there continued) is kept, never overwritten.
 """
 
 from __future__ import annotations
@@ -92,9 +94,8 @@ define(
             "lineage    there already: woke {woke}, {steps} {steps|step|steps}",
         ),
         "export.lineage.kept": (
-            "血缘      数据库里已有这个工作区的血缘(第 {woke} 次唤醒),保留它,没有覆盖",
-            "lineage    the database has this workspace's own (woke {woke}); kept it, "
-            "not overwritten",
+            "血缘      数据库里这个工作区的血缘已唤醒到第 {woke} 次,保留它,没有覆盖",
+            "lineage    the database's own is further on (woke {woke}); kept it, not overwritten",
         ),
         "export.lineage.none": ("血缘      没有", "lineage    none"),
         "export.lineage.foreign": (
@@ -329,11 +330,14 @@ class _Copy:
             self._say(t("export.lineage.foreign", workspace=doc["workspace"]))
             return
         mine = LineageDoc(str(self.workspace), int(doc["woke"]), dict(doc["steps"]))
+        # The one woken more often is the newer: local runs since the last export, or runs
+        # in the database since (kept, never overwritten). A tie is the database's.
         with self.rows.lineage.update(self.ident) as box:
             there = box[0]
-            if there is None:
+            newer = there is None or mine.woke > there.woke
+            if newer:
                 box[0] = mine
-        if there is None:
+        if newer:
             key, counts = "export.lineage.copied", (1, 0)
         elif (there.woke, there.steps) == (mine.woke, mine.steps):
             key, counts, mine = "export.lineage.same", (0, 1), there
