@@ -3,8 +3,10 @@
 The flower gets SIGTERM (its own handler writes the in-flight step as one
 ``killed-by-signal`` row, stops its children and dies of the signal), so the run stays
 resumable: ``flower-super start`` in the same place carries on. RUN is a run id as
-``status`` prints it, or a unique prefix of one. A run that is not live, or that no record
-names, is one line and exit status 2.
+``status`` prints it, or a unique prefix of one, looked up in the run state's registry
+(the run_dir's, or with a state URL the workspace's). A run that is not live, that no
+record names, or that runs on another machine (a signal cannot reach it from here), is one
+line and exit status 2.
 """
 
 from __future__ import annotations
@@ -12,21 +14,33 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from flower import FlowerError
 from flower.i18n import define, t
-from flower.state.registry import FlowerRecord, Registry, is_alive
+from flower.state.registry import FlowerRecord, is_alive, this_host
 
 define(
     {
         "cancel.unknown": (
-            "{run_dir} 里没有叫 {run!r} 的运行",
-            "no flower run {run!r} in {run_dir}",
+            "{where} 里没有叫 {run!r} 的运行",
+            "no flower run {run!r} in {where}",
         ),
         "cancel.unknown.hint": (
             "flower-super status -r 运行目录 会列出那里的运行",
             "flower-super status -r RUN_DIR lists the runs there",
+        ),
+        "cancel.unknown.shared.hint": (
+            "flower-super status -w 工作区 会列出那个工作区的运行",
+            "flower-super status -w WORKSPACE lists that workspace's runs",
+        ),
+        "cancel.elsewhere": (
+            "运行 {run} 在另一台机器 {host} 上跑(pid {pid}),从这里发不了信号",
+            "run {run} runs on another machine, {host} (pid {pid}); no signal reaches it from here",
+        ),
+        "cancel.elsewhere.hint": (
+            "在 {host} 上运行 flower-super cancel {run}",
+            "run flower-super cancel {run} on {host}",
         ),
         "cancel.ambiguous": (
             "{run!r} 对得上 {n} 个运行({names})",
@@ -70,15 +84,15 @@ class Cancelled:
     stopped: bool  # the process is gone (False: still there after STOP_WAIT_S)
 
 
-def find_run(run_dir: Path, run: str) -> FlowerRecord:
-    """The record ``run`` names (a run id or a unique prefix), or a FlowerError."""
-    records = Registry(run_dir).records()
+def find_run(state: Any, run: str) -> FlowerRecord:
+    """The record ``run`` names (a run id or a unique prefix) in ``state``'s registry, or a
+    FlowerError."""
+    records: list[FlowerRecord] = state.registry.records()
     exact = [r for r in records if r.run == run]
     matches = exact or [r for r in records if r.run.startswith(run)]
     if not matches:
-        raise FlowerError(
-            t("cancel.unknown", run=run, run_dir=run_dir), hint=t("cancel.unknown.hint")
-        )
+        hint = "cancel.unknown.hint" if state.kind == "local" else "cancel.unknown.shared.hint"
+        raise FlowerError(t("cancel.unknown", run=run, where=state.where), hint=t(hint))
     if len(matches) > 1:
         names = ", ".join(r.run for r in matches[:4])
         raise FlowerError(
@@ -88,15 +102,20 @@ def find_run(run_dir: Path, run: str) -> FlowerRecord:
     return matches[0]
 
 
-def cancel(run_dir: Path, run: str, *, wait_s: float = STOP_WAIT_S) -> Cancelled:
+def cancel(state: Any, run: str, *, wait_s: float = STOP_WAIT_S) -> Cancelled:
     """SIGTERM the live flower ``run`` names and wait for it to go."""
     import signal  # only to send it: show and logs import this module for find_run
 
-    record = find_run(run_dir, run)
+    record = find_run(state, run)
     if record.state != "running" or not record.alive:
         raise FlowerError(
             t("cancel.not_running", run=record.run, state=record.state),
             hint=t("cancel.not_running.hint"),
+        )
+    if record.host and record.host != this_host():
+        raise FlowerError(
+            t("cancel.elsewhere", run=record.run, host=record.host, pid=record.pid),
+            hint=t("cancel.elsewhere.hint", run=record.run, host=record.host),
         )
     try:
         os.kill(record.pid, signal.SIGTERM)

@@ -21,6 +21,7 @@ import click.types
 
 from flower import FlowerError, __version__
 from flower.i18n import define, gettext_for, t
+from supervisor.runstate import choose, looking, open_chosen
 
 # click's own words (its gettext message ids) that a person of flower-super can meet.
 CLICK_WORDS = {
@@ -119,6 +120,38 @@ define(
             "agent 干活的目录(默认当前目录;没有就建)",
             "the directory the agents work in (default: the current directory; created if missing)",
         ),
+        "super.help.workspace_of": (
+            "工作区(默认当前目录);用状态地址时靠它认出是哪个工作区的运行",
+            "the workspace (default: the current directory); with a state URL it tells "
+            "whose runs these are",
+        ),
+        "super.help.state": (
+            "运行状态本身:把本地的运行状态搬进 PostgreSQL。",
+            "The run state itself: move a workspace's local run state into PostgreSQL.",
+        ),
+        "super.help.export_to": (
+            "目标数据库的 postgresql:// 地址",
+            "the postgresql:// URL of the database to copy into",
+        ),
+        "super.help.export": (
+            "把运行目录里的运行状态复制进 PostgreSQL:会话(每条记录原样、按顺序,子代理的也在)、"
+            "工具账本、血缘(唤醒次数和步骤)、清单、运行记录、跨运行缓存、事件日志。\n\n"
+            "在工作区里运行(或用 -w、-r 指定)。本地文件原样不动;工作区的身份写进 "
+            ".flower/workspace-id,沿用原来按路径算出的键,所以复制过去的会话还认得出。"
+            "重复运行不会重复复制:第二次什么都不变。之后在这个工作区里用 --state URL"
+            "(或 FLOWER_STATE)运行,就在同一段对话上接着做,唤醒次数接着数。"
+            "有 flower 正在这个运行目录里跑时拒绝复制。",
+            "Copy the run state of a run directory into PostgreSQL: sessions (every entry as "
+            "it is, in order, subagents' too), the tool ledger, lineage (its wake count and "
+            "steps), the manifest, the run records, the cross-run cache and the event logs."
+            "\n\nRun it in the workspace (or name it with -w, and the run directory with -r). "
+            "The local files are left as they are; the workspace's identity is written to "
+            ".flower/workspace-id, keeping the key its path gave it, so the copied sessions "
+            "are found. Running it again copies nothing twice: the second time changes "
+            "nothing. Afterwards `--state URL` (or FLOWER_STATE) in that workspace carries on "
+            "the same conversations, and the wake count goes on. Refused while a flower runs "
+            "in the run directory.",
+        ),
         "super.help.new": (
             "不接着上次:把 lineage.json、需求.md、目标.md 归档,重开一件事",
             "do not continue last time: archive lineage.json, 需求.md, 目标.md and start a new "
@@ -194,13 +227,15 @@ define(
             "print one JSON object instead of text",
         ),
         "super.help.status": (
-            "在 RUN_DIR 里跑过的每个 flower:在跑还是已停、状态、步骤、会话、最后几行清单。\n\n"
+            "在 RUN_DIR 里跑过的每个 flower(用状态地址时:工作区 -w 的每个 flower):"
+            "在跑还是已停、状态、步骤、会话、最后几行清单。\n\n"
             "退出码:0 没有已停又没做完的;3 有(它下面列出接着做的命令);"
-            "2 那里没有运行目录,或它是个文件(一行说明加提示)。",
-            "Every flower that ran in RUN_DIR: live or dead, state, step, session, last rows."
+            "2 那里没有运行目录,或它是个文件,或状态地址用不了(一行说明加提示)。",
+            "Every flower that ran in RUN_DIR (with a state URL: every flower of the workspace "
+            "-w): live or dead, state, step, session, last rows."
             "\n\nExit status: 0 when nothing is dead-and-unfinished; 3 otherwise (the command "
             "that carries it on is shown under it); 2 when there is no run directory there, or "
-            "it is a file (one line with a hint).",
+            "it is a file, or the state URL cannot be used (one line with a hint).",
         ),
         "super.help.cancel": (
             "像 SIGTERM 那样停下在跑的 flower RUN(status 列出的 run id,或能唯一确定的前缀)。"
@@ -310,6 +345,21 @@ define(
 )
 
 
+state_option = click.option(
+    "--state", "state", default=None, metavar="URL", help=t("state.help.option")
+)  # see supervisor.runstate
+
+
+workspace_option = click.option(
+    "-w",
+    "--workspace",
+    type=click.Path(path_type=Path),
+    default=Path("."),
+    show_default=True,
+    metavar="DIR",
+    help=t("super.help.workspace_of"),
+)
+
 run_dir_option = click.option(
     "-r",
     "--run-dir",
@@ -329,7 +379,7 @@ def main() -> None:
     """flower-super (its help is the catalogue's ``super.help``)."""
 
 
-@main.command(help=t("super.help.start"))
+@main.command(help=t("super.help.start") + "\n\n" + t("state.help.where"))
 @click.argument("ask", required=False, default="")
 @click.option(
     "--flow",
@@ -378,6 +428,7 @@ def main() -> None:
     is_flag=True,
     help=t("super.help.no_goal"),
 )
+@state_option
 def start(
     ask: str,
     flow_ref: str | None,
@@ -388,6 +439,7 @@ def start(
     rounds: int,
     timeout_s: float,
     no_goal: bool,
+    state: str | None,
 ) -> None:
     """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
     from supervisor.flows import load_flow, starter
@@ -399,13 +451,25 @@ def start(
         if ws.exists() and not ws.is_dir():
             raise FlowerError(t("cli.not_dir", ws=ws), hint=t("cli.not_dir.hint"))
         check_run_dir(run_dir)
+        chosen = choose(state, ws)
+        # Connected before anything is made: a state that cannot be used leaves no trace.
+        opened = open_chosen(
+            chosen, run_dir=run_dir.expanduser().absolute(), workspace=ws, create=True
+        )
         if flow_ref:
             wf = load_flow(flow_ref, ask)
             ws = workspace_dir(ws)
         else:
             ws = workspace_dir(ws)
             wf = starter(
-                ask, ws, run_dir, new=new, rounds=rounds, timeout_s=timeout_s, goal=not no_goal
+                ask,
+                ws,
+                run_dir,
+                new=new,
+                rounds=rounds,
+                timeout_s=timeout_s,
+                goal=not no_goal,
+                state=opened,
             )
         args = StartArgs(
             ask=ask,
@@ -414,9 +478,14 @@ def start(
             new=new,
             trim=not no_trim,
             command=_resume_command(
-                flow_ref, run_dir, workspace, _starter_options(rounds, timeout_s, no_goal)
+                flow_ref,
+                run_dir,
+                workspace,
+                _starter_options(rounds, timeout_s, no_goal),
+                chosen.resume_args(),
             ),
             archive=bool(flow_ref),
+            state=opened,
         )
         code = run_start(wf, args, Terminal())
     except FlowerError as exc:
@@ -432,9 +501,14 @@ def _starter_options(rounds: int, timeout_s: float, no_goal: bool) -> list[str]:
 
 
 def _resume_command(
-    flow_ref: str | None, run_dir: Path, workspace: Path | None, options: list[str] | None = None
+    flow_ref: str | None,
+    run_dir: Path,
+    workspace: Path | None,
+    options: list[str] | None = None,
+    state_args: list[str] | None = None,
 ) -> list[str]:
-    """The command that carries this run on later (shown by status for a dead run)."""
+    """The command that carries this run on later (shown by status for a dead run);
+    ``state_args``: :meth:`supervisor.runstate.Choice.resume_args`."""
     cmd = ["flower-super", "start"]
     if flow_ref:
         cmd += ["--flow", flow_ref]
@@ -442,18 +516,21 @@ def _resume_command(
         cmd += options or []
     cmd += ["-r", str(run_dir.expanduser().absolute())]
     cmd += ["-w", str((workspace or Path.cwd()).expanduser().resolve())]
-    return cmd
+    return cmd + (state_args or [])
 
 
 @main.command(help=t("super.help.status"))
 @run_dir_option
+@workspace_option
+@state_option
 @click.option("--json", "as_json", is_flag=True, help=t("super.help.json"))
-def status(run_dir: Path, as_json: bool) -> None:
+def status(run_dir: Path, workspace: Path, state: str | None, as_json: bool) -> None:
     """``flower-super status``: exit 0, 3 (dead and unfinished) or 2 (a mistake)."""
     from supervisor.status import collect, render_text
 
     try:
-        report = collect(run_dir)
+        with looking(run_dir, workspace, state) as seen:
+            report = collect(seen)
     except FlowerError as exc:
         _fail(exc, as_json=as_json)
     if as_json:
@@ -468,12 +545,15 @@ def status(run_dir: Path, as_json: bool) -> None:
 @main.command(help=t("super.help.cancel"))
 @click.argument("run")
 @run_dir_option
-def cancel(run: str, run_dir: Path) -> None:
+@workspace_option
+@state_option
+def cancel(run: str, run_dir: Path, workspace: Path, state: str | None) -> None:
     """``flower-super cancel RUN``."""
     from supervisor.cancel import cancel as cancel_run
 
     try:
-        done = cancel_run(run_dir.expanduser().absolute(), run)
+        with looking(run_dir, workspace, state) as seen:
+            done = cancel_run(seen.state, run)
     except FlowerError as exc:
         _fail(exc)
     rec = done.record
@@ -506,13 +586,18 @@ def verify(flow_ref: str) -> None:
 @main.command(help=t("super.help.show"))
 @click.argument("what", metavar="[RUN | STEP]", required=False)
 @run_dir_option
+@workspace_option
+@state_option
 @click.option("--json", "as_json", is_flag=True, help=t("super.help.show_json"))
-def show(what: str | None, run_dir: Path, as_json: bool) -> None:
+def show(
+    what: str | None, run_dir: Path, workspace: Path, state: str | None, as_json: bool
+) -> None:
     """``flower-super show [RUN | STEP]``."""
     from supervisor.show import run
 
     try:
-        run(what, run_dir, as_json)
+        with looking(run_dir, workspace, state) as seen:
+            run(what, seen.state, as_json)
     except FlowerError as exc:
         _fail(exc, as_json=as_json)
 
@@ -521,14 +606,39 @@ def show(what: str | None, run_dir: Path, as_json: bool) -> None:
 @click.argument("run", required=False)
 @click.option("-f", "--follow", "follow_", is_flag=True, help=t("super.help.follow"))
 @run_dir_option
-def logs(run: str | None, follow_: bool, run_dir: Path) -> None:
+@workspace_option
+@state_option
+def logs(run: str | None, follow_: bool, run_dir: Path, workspace: Path, state: str | None) -> None:
     """``flower-super logs [-f] [RUN]``."""
     from supervisor.logs import run as run_logs
 
     try:
-        run_logs(run, follow_, run_dir)
+        with looking(run_dir, workspace, state) as seen:
+            run_logs(run, follow_, seen.state)
     except FlowerError as exc:
         _fail(exc)
+
+
+@main.group(help=t("super.help.state"))
+def state() -> None:
+    """``flower-super state``: the run state itself."""
+
+
+@state.command("export", help=t("super.help.export"))
+@click.option("--to", "to", required=True, metavar="URL", help=t("super.help.export_to"))
+@run_dir_option
+@workspace_option
+def export(to: str, run_dir: Path, workspace: Path) -> None:
+    """``flower-super state export --to URL``."""
+    from flower.state.export import export_state
+
+    try:
+        done = export_state(
+            run_dir.expanduser().absolute(), workspace.expanduser().resolve(), to, say=click.echo
+        )
+    except FlowerError as exc:
+        _fail(exc)
+    click.echo(done.summary())
 
 
 class _ScriptFormatHelp(click.Command):

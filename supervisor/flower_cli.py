@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flower.i18n import define, t
+from supervisor.runstate import Choice, choose, open_chosen
 
 CMDS = ("go", "run", "once", "setup")
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
@@ -136,8 +137,8 @@ define(
             "do not trim large old tool results on resume (go trims by default)",
         ),
         "cli.help.go_epilog": (
-            "全局开关(-w/-r/-v/-W/-T)见 `flower --help`",
-            "global flags (-w/-r/-v/-W/-T): see `flower --help`",
+            "全局开关(-w/-r/-v/-W/-T/--state)见 `flower --help`",
+            "global flags (-w/-r/-v/-W/-T/--state): see `flower --help`",
         ),
         "cli.help.target": (
             "模块:属性 或 文件.py:属性,指向一个 Workflow(或返回 Workflow 的函数)",
@@ -251,7 +252,7 @@ class Stop(Exception):
 
 
 def _globals(p: argparse.ArgumentParser, *, suppress: bool) -> None:
-    """The five global flags; on a subparser their defaults are SUPPRESS, so they may come
+    """The six global flags; on a subparser their defaults are SUPPRESS, so they may come
     before or after the subcommand without one copy overwriting the other."""
 
     def d(value: Any) -> Any:
@@ -266,6 +267,8 @@ def _globals(p: argparse.ArgumentParser, *, suppress: bool) -> None:
         "-W", "--workbench", action="store_true", default=d(False), help=t("cli.help.workbench")
     )
     p.add_argument("-T", "--trim", action="store_true", default=d(False), help=t("cli.help.trim"))
+    state_help = f"{t('state.help.option')} {t('state.help.where')}"
+    p.add_argument("--state", default=d(None), metavar="URL", help=state_help)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -479,6 +482,13 @@ def _run_dir(args: argparse.Namespace) -> Path:
     return path.absolute()
 
 
+def _state(args: argparse.Namespace, workspace: Path, run_dir: Path) -> tuple[Choice, Any]:
+    """The run state this command uses (:mod:`supervisor.runstate`), opened before anything
+    is made: one that cannot be used stops here (one line, exit 1) and leaves no trace."""
+    chosen = choose(getattr(args, "state", None), workspace)
+    return chosen, open_chosen(chosen, run_dir=run_dir, workspace=workspace, create=True)
+
+
 def _credentials(args: argparse.Namespace, workspace: Path) -> None:
     """Gate one (are there credentials) and gate two (do they work), as setup says."""
     _have_credentials(workspace)
@@ -567,11 +577,12 @@ def _go(args: argparse.Namespace) -> int:
     run_dir = _run_dir(args)
     if args.isolate and not in_git(ws):
         raise Stop(t("cli.not_git", ws=ws))
+    chosen, opened = _state(args, ws, run_dir)
     _have_credentials(ws)
     new = bool(args.new)
     ask = args.ask
     timeout_s = max(0.0, float(args.timeout))
-    state = wake_state(ws, run_dir=run_dir, isolate=args.isolate)
+    state = wake_state(ws, run_dir=run_dir, isolate=args.isolate, state=opened)
     waking = bool(state["waking"]) and not new
     if ask is None:
         # Unattended (--timeout 0) never waits at a prompt: nothing said is "carry on".
@@ -601,6 +612,7 @@ def _go(args: argparse.Namespace) -> int:
             clarify_only=args.clarify_only,
             judge_can_run=args.judge_can_run,
             max_asks=None if args.asks < 0 else args.asks,
+            state=opened,
         )
     except Exception as exc:
         from flower import ConfigError
@@ -616,9 +628,10 @@ def _go(args: argparse.Namespace) -> int:
         run_dir=run_dir,
         new=new,
         trim=not args.no_trim,
-        command=_go_command(args, ws, run_dir),
+        command=_go_command(args, ws, run_dir) + chosen.resume_args(),
         archive=False,
         handoff=_handoff(args),
+        state=opened,
     )
     return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
 
@@ -685,6 +698,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.verify:
         _say(t("cli.verified", flow=wf.name, n=len(wf.steps)))
         return 0
+    chosen, opened = _state(args, ws, run_dir)
     _credentials(args, ws)
     workbench: Any = wf.workbench
     if workbench is None:
@@ -703,11 +717,13 @@ def _run(args: argparse.Namespace) -> int:
             str(run_dir),
             *(["-W"] if args.workbench else []),
             *(["-T"] if args.trim else []),
+            *chosen.resume_args(),
             "run",
             args.target,
         ],
         archive=False,
         workbench=workbench,
+        state=opened,
     )
     return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
 
@@ -722,6 +738,7 @@ def _once(args: argparse.Namespace) -> int:
 
     ws = _workspace(args)
     run_dir = _run_dir(args)
+    _, opened = _state(args, ws, run_dir)
     _credentials(args, ws)
     tools = [x.strip() for x in (args.tools or ONCE_TOOLS).split(",") if x.strip()]
     spec = AgentSpec(
@@ -733,7 +750,11 @@ def _once(args: argparse.Namespace) -> int:
     )
     term = Terminal(verbose=args.verbose)
     rt = Runtime(
-        workspace=ws, run_dir=run_dir, trim=bool(args.trim), workbench=bool(args.workbench)
+        workspace=ws,
+        run_dir=run_dir,
+        trim=bool(args.trim),
+        workbench=bool(args.workbench),
+        state=opened,
     )
     began = time.monotonic()
 

@@ -20,7 +20,7 @@ import flower
 from flower import ConfigError, RunDirBusy
 from flower.i18n import define, t
 from flower.people.credentials import check_credentials, load_dotenv
-from flower.state.registry import Registry
+from flower.state.backends import open_state
 from flower.workflow import Workflow
 from flower.workflow.starter import starter_flow
 from flower.workflow.verify import check
@@ -81,6 +81,11 @@ define(
             "run_dir {run_dir} is in use by flower pid {pid}; --new would move its "
             "lineage.json away",
         ),
+        "flow.new_busy.shared": (
+            "这个工作区正被 flower pid {pid}(在 {host} 上)用着;--new 会把它的血缘归档",
+            "this workspace is in use by flower pid {pid} (on {host}); --new would archive "
+            "its lineage",
+        ),
         "flow.new_busy.hint": (
             "等它跑完或先停下它,或者换一个运行目录(-r)",
             "wait for it to finish or stop it, or use another --run-dir (-r)",
@@ -102,13 +107,16 @@ def starter(
     clarify_only: bool = False,
     judge_can_run: bool = False,
     max_asks: int | None = None,
+    state: Any = None,
 ) -> Workflow:
     """The starter flow a bare ``flower-super start`` runs; its refusals are one line.
 
     ``--new`` moves files, so everything that could still refuse the start is checked
-    first: a sentence to start over with, credentials, no live flower in the run_dir."""
+    first: a sentence to start over with, credentials, no live flower in the run_dir (or,
+    with shared ``state``, in the workspace). ``state`` is the run state the start uses
+    (:func:`flower.state.backends.open_state`; None: the run_dir's files)."""
     if new:
-        _check_before_archiving(ask, workspace, run_dir)
+        _check_before_archiving(ask, workspace, run_dir, state)
     try:
         wf = starter_flow(
             ask,
@@ -122,6 +130,7 @@ def starter(
             clarify_only=clarify_only,
             judge_can_run=judge_can_run,
             max_asks=max_asks,
+            state=state,
         )
     except ValueError as exc:
         raise ConfigError(str(exc), hint=t("flow.ask.hint")) from None
@@ -138,22 +147,27 @@ def starter(
     return wf
 
 
-def _check_before_archiving(ask: str, workspace: Path, run_dir: Path) -> None:
+def _check_before_archiving(ask: str, workspace: Path, run_dir: Path, state: Any) -> None:
     if not ask.strip():
         raise ConfigError(t("flow.new_needs_ask"), hint=t("flow.new_needs_ask.hint"))
     load_dotenv(workspace, Path.cwd())
     check_credentials()
-    refuse_new_while_live(run_dir)
+    refuse_new_while_live(state or open_state("", run_dir=run_dir, workspace=workspace))
 
 
-def refuse_new_while_live(run_dir: Path) -> None:
-    """``--new`` moves lineage.json: not while a live flower uses this run_dir."""
-    if run_dir.is_dir():
-        live = Registry(run_dir).live()
-        if live:
-            raise RunDirBusy(
-                t("flow.new_busy", run_dir=run_dir, pid=live[0].pid), hint=t("flow.new_busy.hint")
-            )
+def refuse_new_while_live(state: Any) -> None:
+    """``--new`` moves the lineage away: not while a live flower uses it (the run_dir's, or
+    with shared state the workspace's)."""
+    if state.kind == "local" and not state.run_dir.is_dir():
+        return
+    live = state.registry.live()
+    if not live:
+        return
+    if state.kind == "local":
+        message = t("flow.new_busy", run_dir=state.run_dir, pid=live[0].pid)
+    else:
+        message = t("flow.new_busy.shared", pid=live[0].pid, host=live[0].host or "?")
+    raise RunDirBusy(message, hint=t("flow.new_busy.hint"))
 
 
 def load_flow(ref: str, ask: str = "") -> Workflow:

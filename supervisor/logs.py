@@ -1,16 +1,18 @@
 """``flower-super logs [-f] [RUN]``: a run's events, one readable line each.
 
-It prints ``<run_dir>/logs/<run id>/events.jsonl`` (written by that run's supervisor, see
-:mod:`supervisor.eventlog`) as ``HH:MM:SS  step  kind  text``, every text cleaned of escape
-sequences (:func:`flower.util.sanitize.clean`) and cut to one line; a line names the date
-whenever it changes. RUN is a run id or a unique prefix, as ``cancel`` takes it (the
+It prints the run's event log (written by that run's supervisor, :mod:`flower.state.eventlog`)
+as ``HH:MM:SS  step  kind  text``, every text cleaned of escape sequences
+(:func:`flower.util.sanitize.clean`) and cut to one line; a line names the date whenever it
+changes. The log is ``<run_dir>/logs/<run id>/events.jsonl`` with local state, the run's
+event rows with a state URL. RUN is a run id or a unique prefix, as ``cancel`` takes it (the
 registry resolves it); nothing means the latest run.
 
 ``-f`` keeps reading while that flower is live (its record says running and its process,
-checked by pid and start time, still exists), polling every :data:`POLL_S` seconds; once it
-is gone the rest of the file is printed and the command ends (exit 0). Ctrl-C ends it
-quietly (exit 130). A run from before the event log existed has no file: one line says so
-(exit 1).
+checked by pid and start time, still exists; on another machine, its lease runs): a file is
+polled every :data:`POLL_S` seconds, a database is waited on (LISTEN/NOTIFY, waking at least
+every :data:`WAIT_S` to look at the record); once the flower is gone the rest is printed and
+the command ends (exit 0). Ctrl-C ends it quietly (exit 130). A run from before the event
+log existed has no file: one line says so (exit 1).
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from typing import IO, Any
 
 from flower import FlowerError
 from flower.i18n import define, t
-from flower.state.eventlog import events_path
-from flower.state.registry import RUNNING, FlowerRecord, Registry, state_of
+from flower.state.registry import RUNNING, FlowerRecord, state_of
 from flower.util.sanitize import clean
 from supervisor.cancel import find_run
 from supervisor.columns import terminal_columns
@@ -33,6 +34,7 @@ from supervisor.columns import width as cols
 from supervisor.out import echo, one_line
 
 POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us
+WAIT_S = 1.0  # a database's event wait wakes at least this often to see if the run ended
 PIPED_CHARS = 400  # a line's text when stdout is not a terminal (grep wants more than 80)
 # Payload keys that never help on one line (ids, whole tool inputs, the step itself).
 QUIET_KEYS = {
@@ -65,7 +67,11 @@ define(
         ),
         "logs.read_failed": ("{path} 读不了:{why}", "{path} cannot be read: {why}"),
         "logs.unreadable": ("? 读不了的一行:{line}", "? unreadable line: {line}"),
-        "logs.no_runs": ("{run_dir} 里还什么都没跑过", "nothing has run in {run_dir} yet"),
+        "logs.no_runs": ("{where} 里还什么都没跑过", "nothing has run in {where} yet"),
+        "logs.none.shared": (
+            "run {run} 在 {where} 里没有事件(还没开始?)",
+            "run {run} has no events in {where} (has it begun?)",
+        ),
         "logs.no_runs.hint": (
             "在启动 flower 的目录里运行,或用 -r 指定运行目录",
             "run this where you started flower, or pass -r RUN_DIR",
@@ -74,19 +80,19 @@ define(
 )
 
 
-def pick_run(run_dir: Path, run: str | None) -> FlowerRecord:
+def pick_run(state: Any, run: str | None) -> FlowerRecord:
     """The record ``run`` names (cancel's resolution), or the latest run's."""
     if run is not None:
-        return find_run(run_dir, run)
-    records = Registry(run_dir).records()
+        return find_run(state, run)
+    records: list[FlowerRecord] = state.registry.records()
     if not records:
-        raise FlowerError(t("logs.no_runs", run_dir=run_dir), hint=t("logs.no_runs.hint"))
+        raise FlowerError(t("logs.no_runs", where=state.where), hint=t("logs.no_runs.hint"))
     return records[-1]
 
 
-def is_live(run_dir: Path, run: str) -> bool:
+def is_live(state: Any, run: str) -> bool:
     """Is the flower of ``run`` still running (as status and cancel judge it)?"""
-    record = Registry(run_dir).get(run)
+    record = state.registry.get(run)
     return record is not None and record.state == RUNNING and record.alive
 
 
@@ -143,6 +149,7 @@ class Lines:
         self.day = ""
 
     def __call__(self, raw: bytes) -> list[str]:
+        """One line of an event file."""
         try:
             ev = json.loads(raw)
             if not isinstance(ev, dict):
@@ -150,6 +157,10 @@ class Lines:
         except ValueError:
             text = raw.decode("utf-8", "replace")
             return [t("logs.unreadable", line=one_line(text, 80))]
+        return self.event(ev)
+
+    def event(self, ev: dict[str, Any]) -> list[str]:
+        """One event (a database's rows come parsed)."""
         out = []
         try:
             when = time.localtime(float(ev.get("t") or 0))
@@ -204,39 +215,88 @@ def _short(value: Any) -> str:
 # -- the command -----------------------------------------------------------------------
 
 
-def run(run: str | None, follow_: bool, run_dir: Path) -> None:
+def run(run: str | None, follow_: bool, state: Any) -> None:
     """``flower-super logs`` (declared in supervisor/cli.py)."""
-    run_dir = run_dir.expanduser().absolute()
-    record = pick_run(run_dir, run)  # FlowerError: cli.py makes it one line
+    record = pick_run(state, run)  # FlowerError: cli.py makes it one line
     try:
-        sys.exit(_print(run_dir, record, follow_))
+        sys.exit(_print(state, record, follow_))
     except KeyboardInterrupt:
         sys.exit(130)
 
 
-def _print(run_dir: Path, record: FlowerRecord, follow_: bool) -> int:
-    path = events_path(run_dir, record.run)
-
+def _print(state: Any, record: FlowerRecord, follow_: bool) -> int:
     def live() -> bool:
-        return follow_ and is_live(run_dir, record.run)
+        return follow_ and is_live(state, record.run)
 
-    while not path.exists() and live():  # a flower just started opens its log in a moment
-        time.sleep(POLL_S)
-    if not path.exists():
-        echo(t("logs.none", run=record.run, path=path))
-        return 1
+    source = state.events_of(record.run)
     render = Lines(_width())
-    echo(t("logs.header", run=record.run, flow=record.flow, state=state_of(record)))
-    if live():
-        echo(t("logs.following"))
-    try:
-        follow(path, lambda raw: echo("\n".join(render(raw))), live)
-    except OSError as exc:
-        raise FlowerError(t("logs.read_failed", path=path, why=exc.strerror or exc)) from None
+    if isinstance(source, Path):
+        while not source.exists() and live():  # a flower just started opens its log soon
+            time.sleep(POLL_S)
+        if not source.exists():
+            echo(t("logs.none", run=record.run, path=source))
+            return 1
+        _header(record, live())
+        try:
+            follow(source, lambda raw: echo("\n".join(render(raw))), live)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise FlowerError(t("logs.read_failed", path=source, why=why)) from None
+    else:
+        rows, run_id = source
+        if not follow_rows(
+            rows,
+            run_id,
+            lambda ev: echo("\n".join(render.event(ev))),
+            live,
+            header=lambda going: _header(record, going),
+        ):
+            echo(t("logs.none.shared", run=record.run, where=state.where))
+            return 1
     if follow_:
-        ended = Registry(run_dir).get(record.run) or record
+        ended = state.registry.get(record.run) or record
         echo(t("logs.ended", state=state_of(ended)))
     return 0
+
+
+def _header(record: FlowerRecord, following: bool) -> None:
+    echo(t("logs.header", run=record.run, flow=record.flow, state=state_of(record)))
+    if following:
+        echo(t("logs.following"))
+
+
+def follow_rows(
+    rows: Any,
+    run: str,
+    emit: Callable[[dict[str, Any]], None],
+    live: Callable[[], bool],
+    *,
+    header: Callable[[bool], None],
+    wait_s: float = WAIT_S,
+) -> bool:
+    """:func:`follow` for a database's event rows (``rows.read``/``rows.wait``): every event
+    of ``run`` to ``emit``, then new ones as they come while ``live()``, then the rest.
+    ``header(following)`` is called once before the first event; False when the run has no
+    event at all (and is not live)."""
+    after = 0
+    going = live()
+    events = rows.read(run, after)
+    while not events and going:  # a flower just started writes its first event soon
+        rows.wait(run, after, wait_s)
+        going = live()
+        events = rows.read(run, after)
+    if not events:
+        return False
+    header(going)
+    while True:
+        for pos, ev in events:
+            emit(ev)
+            after = pos
+        if not going:
+            return True
+        rows.wait(run, after, wait_s)
+        going = live()  # asked before reading: what was written before it ended is read
+        events = rows.read(run, after)
 
 
 def _width() -> int | None:

@@ -4,6 +4,8 @@ A line that starts with ``?`` — or the full-width ``？`` a Chinese input meth
 original meant to accept it and compared ``?`` twice — is not for the running agent. It goes
 to an *independent* Runtime whose run_dir is ``<run_dir>/aside/`` (its own ``sessions.db``,
 ``manifest.json``, ``logs/``, ``tmp/``): its cost and sessions never mix into the main run's.
+That holds with a state URL too: the answers are not the run's state, so they stay in those
+local files on the supervisor's machine, never in the run's database.
 The agent is :func:`flower.oracle` (read-only: Read, Glob, Grep; 12 turns; $0.5). What it
 sees is the run's most recent 60 events (thinking and prompt events left out), each cut to
 200 characters (:class:`RecentEvents`), and where the workspace, the workbench and the run's
@@ -342,6 +344,7 @@ class Oracle:
                 resilience=self.resilience,
                 handoff=False,
                 placement=self.placement,
+                state="",  # its own files, whatever the run's state is (the docstring)
             )
             rt.workbench = self.workbench  # read, never refreshed (see the module docstring)
             self.runtime = rt

@@ -28,8 +28,12 @@ What the argument names, tried in this order:
   the live flower running it, else lineage.json, else the last manifest row of that label;
 - a unique prefix of a run id (as ``cancel`` takes it).
 
-sessions.db is opened read-only (``mode=ro``), so a running flower is never disturbed; what
-it has committed is what is shown. Nothing here imports the SDK.
+Everything is read through the run state (:mod:`flower.state.backends`): its registry,
+manifest rows and lineage, and the transcripts and tool ledger of its sessions. Local
+sessions.db is opened read-only (``mode=ro``), so a running flower is never disturbed and a
+run_dir is never made; what it has committed is what is shown, and nothing here imports the
+SDK. With a state URL the transcripts are read from the database's session store
+(``load_sync``), under the workspace's identity, and the ledger from its rows.
 """
 
 from __future__ import annotations
@@ -42,9 +46,8 @@ from typing import Any
 
 from flower import FlowerError
 from flower.i18n import define, t
-from flower.state.lineage import bare_name, peek
-from flower.state.manifest import read_manifest
-from flower.state.registry import RUNNING, FlowerRecord, Registry, state_of
+from flower.state.lineage import bare_name
+from flower.state.registry import RUNNING, FlowerRecord, state_of
 from flower.state.stores import SESSIONS_DB
 from flower.step.events import (
     NO_RESPONSE,
@@ -125,14 +128,14 @@ define(
             "? no result (the session stopped before it ended)",
         ),
         "show.ledger": ("(结果取自工具账本)", "(result from the tool ledger)"),
-        "show.none": ("{run_dir} 里还什么都没跑过", "nothing has run in {run_dir} yet"),
+        "show.none": ("{where} 里还什么都没跑过", "nothing has run in {where} yet"),
         "show.none.hint": (
             "在启动 flower 的目录里运行,或用 -r 指定运行目录",
             "run this where you started flower, or pass -r RUN_DIR",
         ),
         "show.unknown": (
-            "{run_dir} 里没有叫 {what!r} 的 run 或步骤",
-            "no run or step {what!r} in {run_dir}",
+            "{where} 里没有叫 {what!r} 的 run 或步骤",
+            "no run or step {what!r} in {where}",
         ),
         "show.unknown.hint": (
             "flower-super status 列出 run;步骤名见 lineage.json 和 manifest.json",
@@ -180,7 +183,7 @@ class Selection:
 
 @dataclass
 class _State:
-    run_dir: Path
+    where: str
     records: list[FlowerRecord]
     rows: list[dict[str, Any]]
     steps: dict[str, str]  # lineage: step name -> session
@@ -189,13 +192,14 @@ class _State:
         return [r for r in self.records if r.state == RUNNING and r.alive]
 
 
-def resolve(run_dir: Path, what: str | None) -> Selection:
-    """What ``show`` shows for ``what`` (see the module docstring); FlowerError if nothing."""
+def resolve(state: Any, what: str | None) -> Selection:
+    """What ``show`` shows for ``what`` in the run ``state`` (see the module docstring);
+    FlowerError if nothing."""
     st = _State(
-        run_dir,
-        Registry(run_dir).records(),
-        read_manifest(run_dir) if run_dir.is_dir() else [],
-        dict(peek(run_dir).get("steps") or {}),
+        state.where,
+        state.registry.records(),
+        state.manifest_rows(),
+        dict(state.peek_lineage().get("steps") or {}),
     )
     if what is None:
         return Selection(None, [_latest(st)])
@@ -206,16 +210,14 @@ def resolve(run_dir: Path, what: str | None) -> Selection:
     if step is not None:
         return Selection(None, [step])
     if not any(r.run.startswith(what) for r in st.records):
-        raise FlowerError(
-            t("show.unknown", what=what, run_dir=run_dir), hint=t("show.unknown.hint")
-        )
-    run = find_run(run_dir, what)  # a prefix of several runs: it says which
+        raise FlowerError(t("show.unknown", what=what, where=st.where), hint=t("show.unknown.hint"))
+    run = find_run(state, what)  # a prefix of several runs: it says which
     return Selection(run, _of_run(st, run))
 
 
 def _latest(st: _State) -> Target:
     if not st.records and not st.rows:
-        raise FlowerError(t("show.none", run_dir=st.run_dir), hint=t("show.none.hint"))
+        raise FlowerError(t("show.none", where=st.where), hint=t("show.none.hint"))
     run = st.records[-1].run if st.records else str(st.rows[-1].get("run"))
     record = st.records[-1] if st.records else None
     if record is not None and record in st.live() and record.step and record.session_id:
@@ -270,16 +272,22 @@ def _target(st: _State, sid: str, label: str | None = None) -> Target:
 # -- reading a conversation ------------------------------------------------------------
 
 
-def conversation(run_dir: Path, session_id: str) -> list[dict[str, Any]]:
+def conversation(state: Any, session_id: str) -> list[dict[str, Any]]:
     """The turns of ``session_id``'s main transcript, in order, as plain dicts."""
+    if state.kind != "local":
+        key = {"project_key": state.workspace_id, "session_id": session_id}
+        entries = state.sessions.load_sync(key) or []
+        calls = {row.tool_use_id: row for row in state.ledger.in_session(session_id, 0.0)}
+        ledger = {tid: _ledger_row(r.state, r.content, r.is_error) for tid, r in calls.items()}
+        return _paired(_turns(entries), ledger)
     from flower.state.dbfile import damage
     from flower.testing.rundir import transcript
 
-    db = run_dir / SESSIONS_DB
+    db = state.run_dir / SESSIONS_DB
     why = damage(db)
     if why:
         raise FlowerError(t("show.damaged", db=db, why=why), hint=t("show.damaged.hint"))
-    turns = _turns(transcript(run_dir, session_id))
+    turns = _turns(transcript(state.run_dir, session_id))
     return _paired(turns, _ledger(db, session_id))
 
 
@@ -437,14 +445,18 @@ def _ledger(db: Path, session_id: str) -> dict[str, dict[str, Any]]:
             conn.close()
     except sqlite3.Error:
         return {}
-    out = {}
-    for tid, state, content, is_error in rows:
-        try:
-            value = json.loads(content) if content is not None else None
-        except ValueError:
-            value = content
-        out[str(tid)] = {"state": state, "content": value, "is_error": bool(is_error)}
-    return out
+    return {
+        str(tid): _ledger_row(state, content, is_error) for tid, state, content, is_error in rows
+    }
+
+
+def _ledger_row(state: str, content: str | None, is_error: Any) -> dict[str, Any]:
+    """What show needs of a ledger row: its state, its content (parsed), its error mark."""
+    try:
+        value = json.loads(content) if content is not None else None
+    except ValueError:
+        value = content
+    return {"state": state, "content": value, "is_error": bool(is_error)}
 
 
 def _paired(turns: list[dict[str, Any]], ledger: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -621,22 +633,22 @@ def _wrapped(text: str, width: int) -> list[str]:
     return out or [""]
 
 
-def render(run_dir: Path, sel: Selection, width: int) -> str:
+def render(state: Any, sel: Selection, width: int) -> str:
     lines: list[str] = []
     if sel.run is not None:
         r = sel.run
-        state = state_of(r)
-        lines += [t("show.run", run=r.run, flow=r.flow, state=state, n=len(sel.targets)), ""]
+        run_state = state_of(r)
+        lines += [t("show.run", run=r.run, flow=r.flow, state=run_state, n=len(sel.targets)), ""]
     for i, target in enumerate(sel.targets):
         if i:
             lines.append("")
-        lines += render_target(target, conversation(run_dir, target.session_id), width)
+        lines += render_target(target, conversation(state, target.session_id), width)
     return "\n".join(lines)
 
 
-def document(run_dir: Path, sel: Selection) -> dict[str, Any]:
+def document(state: Any, sel: Selection) -> dict[str, Any]:
     """The ``--json`` document: one step, or a run with its steps."""
-    steps = [_step_doc(run_dir, target) for target in sel.targets]
+    steps = [_step_doc(state, target) for target in sel.targets]
     if sel.run is None:
         return steps[0]
     r = sel.run
@@ -649,7 +661,7 @@ def document(run_dir: Path, sel: Selection) -> dict[str, Any]:
     }
 
 
-def _step_doc(run_dir: Path, target: Target) -> dict[str, Any]:
+def _step_doc(state: Any, target: Target) -> dict[str, Any]:
     live = target.live
     return {
         "step": target.labels[0] if target.labels else None,
@@ -661,7 +673,7 @@ def _step_doc(run_dir: Path, target: Target) -> dict[str, Any]:
             for row in target.rows
         ],
         "live": None if live is None else {"run": live.run, "pid": live.pid, "step": live.step},
-        "turns": conversation(run_dir, target.session_id),
+        "turns": conversation(state, target.session_id),
     }
 
 
@@ -672,12 +684,11 @@ def terminal_width() -> int:
 # -- the command -----------------------------------------------------------------------
 
 
-def run(what: str | None, run_dir: Path, as_json: bool) -> None:
+def run(what: str | None, state: Any, as_json: bool) -> None:
     """``flower-super show`` (declared in supervisor/cli.py, so --help imports none of this)."""
-    run_dir = run_dir.expanduser().absolute()
-    sel = resolve(run_dir, what)  # FlowerError: cli.py makes it one line
+    sel = resolve(state, what)  # FlowerError: cli.py makes it one line
     if as_json:
-        text = json.dumps(document(run_dir, sel), ensure_ascii=False, indent=2)
+        text = json.dumps(document(state, sel), ensure_ascii=False, indent=2)
     else:
-        text = render(run_dir, sel, terminal_width())
+        text = render(state, sel, terminal_width())
     echo(text)

@@ -104,6 +104,9 @@ class StartArgs:
     handoff: Any = True  # Runtime(handoff=...): True, False, or a HandoffPolicy
     # Runtime(workbench=...) when the flow has none of its own; None = <workspace>/.flower
     workbench: Any = None
+    # Runtime(state=...): the run state the command chose and opened (supervisor.runstate);
+    # None = FLOWER_STATE as the Runtime finds it, else the run_dir's files
+    state: Any = None
     # Where attempts run: None = $FLOWER_PLACEMENT, else forked here; "temporal://H:P/QUEUE"
     placement: str | None = None
 
@@ -122,13 +125,14 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         workbench=_workbench(wf, args),
         handoff=args.handoff,
         placement=Forked(ask=term.ask),
+        state=args.state,
     )
     remote = args.placement or os.environ.get(PLACEMENT_ENV) or None
     if remote:
         rt.placement = _on_cluster(remote, rt, wf, term)
     term.channel = wf.channel
     if args.new and args.archive:
-        refuse_new_while_live(rt.run_dir)
+        refuse_new_while_live(rt.state)
         _archive(rt, wf, term)
     try:
         return asyncio.run(_main(wf, rt, args, term))
@@ -193,7 +197,7 @@ def _archive(rt: Runtime, wf: Workflow, term: Terminal) -> None:
     of the flow's workbench notes (or ``<workspace>/.flower/notes``) move to
     notes/archive/<ts>/, as the starter flow does it."""
     notes = wf.workbench.notes if isinstance(wf.workbench, Workbench) else None
-    into = archive(rt.workspace, rt.run_dir, notes or Workbench(rt.workspace).notes)
+    into = archive(rt.workspace, rt.run_dir, notes or Workbench(rt.workspace).notes, state=rt.state)
     if into.exists():
         term.say(t("start.archived", into=into))
 

@@ -1,8 +1,12 @@
-"""``flower-super status``: what ran in a run_dir, what is alive, what can be resumed.
+"""``flower-super status``: what ran here, what is alive, what can be resumed.
 
-Reads only: the registry (``flowers/``), lineage.json and the manifest (under its lock, so
-it never sees a torn file). It never imports the SDK, so it answers at once. A damaged file
-is reported (the next start sets it aside), and so is every file a start already set aside.
+Reads only, through the run state (:mod:`flower.state.backends`): the registry, the lineage
+and the manifest rows. Against local files (the run_dir's ``flowers/``, lineage.json and
+manifest.json, read under the manifest's lock so it never sees a torn file) it never imports
+the SDK, so it answers at once; a damaged file is reported (the next start sets it aside),
+and so is every file a start already set aside. Against a database it shows the runs of the
+workspace (``-w``, default here), under the workspace's identity; there is no file there to
+be damaged.
 """
 
 from __future__ import annotations
@@ -20,8 +24,6 @@ from flower.state import lineage, manifest
 from flower.state.dbfile import damage as db_damage
 from flower.state.dbfile import has_transcripts
 from flower.state.eventlog import events_path
-from flower.state.lineage import peek
-from flower.state.manifest import read_manifest
 from flower.state.registry import (
     FAILED,
     FINISHED,
@@ -34,6 +36,7 @@ from flower.state.registry import (
 )
 from flower.state.reuse import report_lines, summary
 from flower.state.stores import SESSIONS_DB
+from supervisor.runstate import Seen, lacks_password
 
 LAST_ROWS = 10
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.
@@ -44,6 +47,7 @@ ASIDE = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-sh
 define(
     {
         "status.run_dir": ("运行目录  {path}", "run_dir    {path}"),
+        "status.state": ("运行状态  {where}", "state      {where}"),
         "status.workspace": ("工作区    {path}", "workspace  {path}"),
         "status.woke": ("唤醒      {n}", "woke       {n}"),
         "status.step": ("步骤      {name} -> {sid}", "step       {name} -> {sid}"),
@@ -147,6 +151,7 @@ class Report:
     rows: list[dict[str, Any]] = field(default_factory=list)
     damaged: list[dict[str, str]] = field(default_factory=list)  # {"file", "problem"}
     set_aside: list[str] = field(default_factory=list)  # files a start moved aside
+    state: str | None = None  # where a shared state lives (its URL, masked); None: local
 
     @property
     def dead_unfinished(self) -> list[FlowerView]:
@@ -155,6 +160,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "run_dir": str(self.run_dir),
+            "state": self.state or "local",
             "workspace": self.workspace,
             "woke": self.woke,
             "steps": self.steps,
@@ -165,27 +171,46 @@ class Report:
         }
 
 
-def collect(run_dir: Path) -> Report:
-    run_dir = run_dir.expanduser().absolute()
+def collect(seen: Seen) -> Report:
+    """What ``status`` reports of the run state ``seen`` looks at."""
+    st = seen.state
+    if st.kind == "local":
+        return _collect_local(seen)
+    doc = st.peek_lineage()
+    records = st.registry.records()
+    views = [_view(r, records, seen) for r in records]
+    return Report(
+        seen.run_dir,
+        doc.get("workspace") or str(seen.workspace),
+        int(doc.get("woke") or 0),
+        dict(doc.get("steps") or {}),
+        views,
+        st.manifest_rows()[-LAST_ROWS:],
+        state=st.where,
+    )
+
+
+def _collect_local(seen: Seen) -> Report:
+    st, run_dir = seen.state, seen.run_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise FlowerError(t("status.is_file", path=run_dir), hint=t("status.is_file.hint"))
     if not run_dir.is_dir():
         raise FlowerError(t("status.no_dir", path=run_dir), hint=t("status.no_dir.hint"))
-    state = peek(run_dir)
-    registry = Registry(run_dir)
+    doc = st.peek_lineage()
+    registry = st.registry
     records = registry.records()
-    views = [_view(r, records, run_dir) for r in records]
-    problems = _damaged(run_dir, registry, dict(state.get("steps") or {}))
+    views = [_view(r, records, seen) for r in records]
+    problems = _damaged(run_dir, registry, dict(doc.get("steps") or {}))
     rows = (
         []
         if any(p["file"].endswith(manifest.MANIFEST_NAME) for p in problems)
-        else read_manifest(run_dir)
+        else st.manifest_rows()
     )
     return Report(
         run_dir,
-        state.get("workspace"),
-        int(state.get("woke") or 0),
-        dict(state.get("steps") or {}),
+        doc.get("workspace"),
+        int(doc.get("woke") or 0),
+        dict(doc.get("steps") or {}),
         views,
         rows[-LAST_ROWS:],
         problems,
@@ -226,26 +251,27 @@ def _set_aside(run_dir: Path, registry: Registry) -> list[str]:
     return out
 
 
-def _view(r: FlowerRecord, everyone: list[FlowerRecord], run_dir: Path) -> FlowerView:
+def _view(r: FlowerRecord, everyone: list[FlowerRecord], seen: Seen) -> FlowerView:
     alive = r.alive
     state = state_of(r, alive)
     command = None
     if not alive and state in (RESUMABLE, KILLED, FAILED) and not _superseded(r, everyone):
         command = r.command or None
-    return FlowerView(r, alive, state, command, commands(r, state == RUNNING, run_dir))
+    return FlowerView(r, alive, state, command, commands(r, state == RUNNING, seen))
 
 
-def commands(r: FlowerRecord, live: bool, run_dir: Path) -> list[str]:
+def commands(r: FlowerRecord, live: bool, seen: Seen) -> list[str]:
     """The inspection commands that apply to run ``r``: ``show`` once it has a conversation,
     ``logs -f`` and ``cancel`` while it is live, ``logs`` after it when it left an event
-    log (a run of an older flower has none). ``-r`` only when RUN_DIR is not ./runs here."""
-    where = [] if run_dir == (Path.cwd() / "runs").absolute() else ["-r", str(run_dir)]
+    log (a run of an older flower has none; a database keeps every run's). Each names the
+    state status looked at when it is not the default here (:meth:`Seen.where_args`)."""
+    where = seen.where_args()
     out = []
     if r.session_id or r.completed:
         out.append(["show", r.run])
     if live:
         out += [["logs", "-f", r.run], ["cancel", r.run]]
-    elif events_path(run_dir, r.run).exists():
+    elif seen.state.kind != "local" or events_path(seen.run_dir, r.run).exists():
         out.append(["logs", r.run])
     return [shlex.join(["flower-super", *c, *where]) for c in out]
 
@@ -274,7 +300,7 @@ def _elapsed(r: FlowerRecord, alive: bool) -> float:
 
 def render_text(rep: Report) -> str:
     lines = [
-        t("status.run_dir", path=rep.run_dir),
+        t("status.state", where=rep.state) if rep.state else t("status.run_dir", path=rep.run_dir),
         t("status.workspace", path=rep.workspace or "-"),
         t("status.woke", n=rep.woke),
     ]
@@ -326,6 +352,8 @@ def _flower_lines(f: FlowerView) -> list[str]:
         out.append(
             t("status.resume", cwd=shlex.quote(r.cwd or "."), command=shlex.join(f.resume_command))
         )
+        if lacks_password(f.resume_command):
+            out.append(t("state.no_password"))  # defined with lacks_password
     return out
 
 

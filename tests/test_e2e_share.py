@@ -98,6 +98,7 @@ def test_status_live_killed_and_finished(model_server, flower_env):
     assert js["woke"] == 2 and js["steps"]["only"] == js["rows"][-1]["session_id"]
     assert set(js) == {
         "run_dir",
+        "state",  # issue 18: where the run state lives ("local", or the database's URL)
         "workspace",
         "woke",
         "steps",
@@ -107,6 +108,7 @@ def test_status_live_killed_and_finished(model_server, flower_env):
         "set_aside",
     }
     assert js["damaged"] == [] and js["set_aside"] == []  # a clean run_dir (issue 7's keys)
+    assert js["state"] == "local"
     assert {"run", "flow", "pid", "alive", "state", "step", "session_id", "started_at"} <= set(
         js["flowers"][0]
     )

@@ -19,12 +19,14 @@ import pytest
 
 from flower import FlowerError
 from flower.i18n import keys, texts
+from flower.state.backends import LocalState
 from flower.state.eventlog import EventLog, events_path
 from flower.state.manifest import Manifest
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
 from flower.state.result import Event, StepResult
 from flower.step.events import entry_is_synthetic
 from supervisor import logs, show, status
+from supervisor.runstate import Choice, Seen
 from tests.transcripts import FIXTURES, fixture
 
 CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
@@ -33,6 +35,16 @@ CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 @pytest.fixture
 def en(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOWER_LANG", "en")
+
+
+def local(run_dir: Path) -> LocalState:
+    """The run state of ``run_dir``'s files, as ``show`` and ``logs`` are given it."""
+    return LocalState(run_dir, run_dir.parent)
+
+
+def seen(run_dir: Path) -> Seen:
+    """What ``status`` is given for ``run_dir`` with no ``--state``."""
+    return Seen(local(run_dir), Choice("", False), run_dir, run_dir.parent)
 
 
 # -- the event log ---------------------------------------------------------------------
@@ -249,14 +261,14 @@ def run_dir(tmp_path: Path) -> Path:
 
 def test_what_show_shows_for_each_kind_of_argument(run_dir: Path) -> None:
     def pick(what: str | None) -> list[tuple[str, str]]:
-        return [(x.step, x.session_id) for x in show.resolve(run_dir, what).targets]
+        return [(x.step, x.session_id) for x in show.resolve(local(run_dir), what).targets]
 
     assert pick(None) == [("work", "s-live")]  # the live run's step in flight
     assert pick("work") == [("work", "s-live")]  # a live flower's step wins
     assert pick("first") == [("first", "s-first")]  # lineage
     assert pick("work#round2") == [("work#round2", "s-work")]  # a manifest label
     assert pick("work·判定#1") == [("work·判定#1", "s-judge")]
-    old = show.resolve(run_dir, "20260101-000000-aaaaaa")
+    old = show.resolve(local(run_dir), "20260101-000000-aaaaaa")
     assert old.run is not None and old.run.run == "20260101-000000-aaaaaa"
     assert [(x.step, x.session_id) for x in old.targets] == [
         ("first", "s-first"),
@@ -267,18 +279,18 @@ def test_what_show_shows_for_each_kind_of_argument(run_dir: Path) -> None:
         ("work·判定#1", "s-judge"),
         ("work", "s-live"),
     ]
-    target = show.resolve(run_dir, "first").targets[0]
+    target = show.resolve(local(run_dir), "first").targets[0]
     assert [r["run"] for r in target.rows] == ["20260101-000000-aaaaaa", "20260102-000000-bbbbbb"]
-    assert show.resolve(run_dir, "work").targets[0].live is not None
+    assert show.resolve(local(run_dir), "work").targets[0].live is not None
 
 
 def test_an_unknown_or_ambiguous_argument_is_a_flower_error(run_dir: Path, en: None) -> None:
     with pytest.raises(FlowerError, match="no run or step 'nosuch'"):
-        show.resolve(run_dir, "nosuch")
+        show.resolve(local(run_dir), "nosuch")
     with pytest.raises(FlowerError, match="names 2 runs"):
-        show.resolve(run_dir, "2026")
+        show.resolve(local(run_dir), "2026")
     with pytest.raises(FlowerError, match="nothing has run"):
-        show.resolve(run_dir / "empty", None)
+        show.resolve(local(run_dir / "empty"), None)
 
 
 def test_show_reads_sessions_db_read_only(run_dir: Path, en: None) -> None:
@@ -303,12 +315,12 @@ def test_show_reads_sessions_db_read_only(run_dir: Path, en: None) -> None:
     conn.close()
     db = run_dir / "sessions.db"
     before = db.stat().st_mtime_ns
-    text = show.render(run_dir, show.resolve(run_dir, "first"), 100)
+    text = show.render(local(run_dir), show.resolve(local(run_dir), "first"), 100)
     assert text.startswith("== first  · session s-first\n   + first  run 20260101-000000-aaaaaa")
     assert "* Bash  seq 1 700" in text and db.stat().st_mtime_ns == before
-    doc = show.document(run_dir, show.resolve(run_dir, "first"))
+    doc = show.document(local(run_dir), show.resolve(local(run_dir), "first"))
     assert json.loads(json.dumps(doc))["turns"][0]["kind"] == "prompt"
-    live = show.render(run_dir, show.resolve(run_dir, "work"), 100)
+    live = show.render(local(run_dir), show.resolve(local(run_dir), "work"), 100)
     assert "running now: run 20260102-000000-bbbbbb" in live
     assert "-> stdout of the first call  (result from the tool ledger)" in live
     assert live.count("… still running") == 4, live
@@ -352,18 +364,23 @@ def test_an_event_is_one_clean_line_and_the_date_shows_when_it_changes(en: None)
 def test_status_lists_the_commands_that_apply(run_dir: Path) -> None:
     old, new = Registry(run_dir).records()
     events_path(run_dir, old.run).parent.mkdir(parents=True)
-    assert status.commands(new, True, run_dir) == [
+    assert status.commands(new, True, seen(run_dir)) == [
         f"flower-super show {new.run} -r {run_dir}",
         f"flower-super logs -f {new.run} -r {run_dir}",
         f"flower-super cancel {new.run} -r {run_dir}",
     ]
-    assert status.commands(old, False, run_dir) == [f"flower-super show {old.run} -r {run_dir}"]
+    assert status.commands(old, False, seen(run_dir)) == [
+        f"flower-super show {old.run} -r {run_dir}"
+    ]
     events_path(run_dir, old.run).write_text("")
-    assert status.commands(old, False, run_dir)[-1] == f"flower-super logs {old.run} -r {run_dir}"
-    report = status.collect(run_dir)
+    assert (
+        status.commands(old, False, seen(run_dir))[-1]
+        == f"flower-super logs {old.run} -r {run_dir}"
+    )
+    report = status.collect(seen(run_dir))
     assert [f.to_json()["commands"] for f in report.flowers] == [
-        status.commands(old, False, run_dir),
-        status.commands(new, True, run_dir),
+        status.commands(old, False, seen(run_dir)),
+        status.commands(new, True, seen(run_dir)),
     ]
 
 
@@ -373,5 +390,5 @@ def test_english_is_free_of_chinese_and_every_text_has_both(en: None, run_dir: P
     for key in mine:
         zh, en_text = texts(key)
         assert zh and en_text and not CJK.search(en_text), key
-    text = status.render_text(status.collect(run_dir))
+    text = status.render_text(status.collect(seen(run_dir)))
     assert not CJK.search(text.replace("work·判定#1", "")), text

@@ -2,9 +2,9 @@
 
 ``flower --help``, ``flower-super status`` and ``cancel`` answer at once only while what
 they import leaves out claude_agent_sdk (about a second to import), anyio (its event-loop
-layer), the SQLite session store (which imports the SDK) and temporalio (0.7-1 s for its
-client). Each check runs in a fresh interpreter: this test process has the SDK loaded
-already (conftest's model server).
+layer), the SQLite session store (which imports the SDK), temporalio (0.7-1 s for its
+client) and, against local files, the PostgreSQL driver. Each check runs in a fresh
+interpreter: this test process has the SDK loaded already (conftest's model server).
 scripts/bench_cli.py measures the time itself.
 """
 
@@ -24,7 +24,8 @@ import flower
 pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("claude_agent_sdk", "anyio", "flower.state.sqlite", "temporalio")
+# psycopg (~0.1 s): loaded only when the run state is a database (issue 18).
+HEAVY = ("claude_agent_sdk", "anyio", "flower.state.sqlite", "temporalio", "psycopg")
 # The modules the light commands import.
 LIGHT = (
     "supervisor.cli",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg
 import pytest
 
 from flower import AgentSpec, Event, Resilience, Runtime, StepResult, Workbench, read_manifest
@@ -528,3 +529,23 @@ def test_a_server_that_refuses_or_is_not_there_is_one_line(
     assert not row["ok"] and row["step"] == STEP_NAME
     assert " ".join(row["error"].split())[:40] in line
     assert not live_children(), live_children()
+
+
+def test_with_a_state_in_a_database_the_answers_stay_in_aside(tmp_path, lang, monkeypatch, pg_dsn):
+    """FLOWER_STATE names the run's database: the oracle's answers are not the run's state,
+    so they go to aside/ as ever and never into the workspace's manifest there."""
+    monkeypatch.setenv("FLOWER_STATE", pg_dsn)
+    oracle = make(tmp_path, Scripted(), [])
+
+    async def main() -> None:
+        await oracle.ask("现在到哪了")
+        await oracle.drain()
+
+    asyncio.run(main())
+    rows = read_manifest(tmp_path / "runs" / ASIDE_DIRNAME)
+    assert [r["step"] for r in rows] == [STEP_NAME]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        shared = conn.execute("SELECT to_regclass('flower.manifest')").fetchone()
+        assert shared == (None,) or conn.execute(
+            "SELECT count(*) FROM flower.manifest"
+        ).fetchone() == (0,)

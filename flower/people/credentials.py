@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -133,12 +132,7 @@ def load_credentials(workspace: str | Path | None = None) -> list[str]:
     the run down with it.
     """
     names: list[str] = []
-    seen: set[Path] = set()
-    for path in env_files(workspace):
-        resolved = path.resolve()
-        if resolved in seen:
-            continue
-        seen.add(resolved)
+    for path in _each_once(env_files(workspace)):
         names += _apply(_read_env_file(path), path)
     for path in settings_files():
         names += _apply(_borrowed(path), path)
@@ -163,6 +157,31 @@ def load_dotenv(*dirs: str | Path) -> list[str]:
         seen.add(path)
         names += _apply(_read_env_file(path), path)
     return list(dict.fromkeys(names))
+
+
+def lookup(name: str, workspace: str | Path | None = None) -> str | None:
+    """``name``'s value as a start would find it, without setting anything: the process
+    environment, else the first of the ``.env`` files of the lookup order (items 2-5) that
+    gives it a non-empty value; None when none does. Reads those few small files only, so a
+    command that only looks (``flower-super status``) finds what a start finds, cheaply."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    for path in _each_once(env_files(workspace)):
+        for key, found in _read_env_file(path):
+            if key == name and found:
+                return found
+    return None
+
+
+def _each_once(paths: Iterable[Path]) -> Iterable[Path]:
+    """``paths`` in order, each file once (two names of one file count as one)."""
+    seen: set[Path] = set()
+    for path in paths:
+        resolved = path.resolve()
+        if resolved not in seen:
+            seen.add(resolved)
+            yield path
 
 
 def loaded() -> dict[str, str]:
@@ -267,6 +286,8 @@ def write_config_env(values: Mapping[str, str], *, comment: str) -> Path:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     kept = {k: v.strip() for k, v in values.items() if v and v.strip()}
     text = "\n".join([comment, "", *(f"{k}={v}" for k, v in kept.items())]) + "\n"
+    import tempfile  # with shutil (zlib, bz2, lzma): not for the light commands' lookup
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".env.", suffix=".tmp")  # mode 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -31,7 +31,8 @@ from ..util.fsutil import atomic_write_text
 __all__ = ["IDENTITY_FILE", "Rekeyed", "path_key", "read_identity", "workspace_id"]
 
 IDENTITY_FILE = Path(".flower") / "workspace-id"
-_VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{2,199}")
+# a path key starts with "-" (the SDK writes "/" as "-"): export keeps one as the identity
+_VALID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{2,199}")
 
 
 def path_key(workspace: str | Path) -> str:

@@ -23,8 +23,8 @@ from typing import Any
 from .._errors import ConfigError
 from ..agents.agent import AgentSpec
 from ..i18n import define, t
-from ..people.credentials import check_credentials, load_dotenv
-from ..state.backends import open_state
+from ..people.credentials import check_credentials, load_dotenv, lookup
+from ..state.backends import STATE_ENV, open_state
 from ..state.lineage import Lineage
 from ..state.manifest import MANIFEST_NAME
 from ..state.registry import FlowerRecord, new_run_id, process_started, this_host
@@ -110,7 +110,10 @@ class Runtime:
         load_dotenv(self.workspace, Path.cwd())
         check_credentials()
         # Where the run's state lives (flower.state.backends): ``state`` (a URL or an opened
-        # state), else $FLOWER_STATE (the .env files above may set it), else run_dir's files.
+        # state), else $FLOWER_STATE (the environment, or any .env file of the credentials'
+        # lookup order), else run_dir's files.
+        if state is None:
+            state = lookup(STATE_ENV, self.workspace)
         self.state = open_state(state, run_dir=self.run_dir, workspace=self.workspace)
         self.workbench = _workbench(workbench, self.workspace, self.run_dir)
         self.store = self._make_store()

@@ -65,8 +65,10 @@ def wake_state(
     isolate: bool = False,
     brief_name: str = "需求.md",
     goal_name: str = "目标.md",
+    state: Any = None,
 ) -> dict[str, Any]:
     """Will the starter flow carry on last time here? A read-only probe: writes no byte.
+    ``state``: the run state the start uses (None: the run_dir's files).
 
     Returns ``waking`` (the brief exists with all four sections), ``brief`` and ``goal``
     (their paths), ``checks`` (how many checklist items the goal has, 0 without one),
@@ -77,7 +79,7 @@ def wake_state(
     notes = _workbench_for(ws, isolate).notes
     brief_path, goal_path = notes / brief_name, notes / goal_name
     brief, goal = Brief.load(brief_path), Goal.load(goal_path)
-    lineage = Lineage.open(Path(run_dir).expanduser(), ws)
+    lineage = _lineage(ws, run_dir, state)
     return {
         "waking": bool(brief is not None and brief.complete()),
         "brief": brief_path,
@@ -85,7 +87,7 @@ def wake_state(
         "checks": len(goal.checks) if goal is not None else 0,
         "woke": lineage.woke,
         "steps": dict(lineage.steps),
-        "clarifying": _clarifying(ws, run_dir),
+        "clarifying": _clarifying(ws, run_dir, state),
     }
 
 
@@ -107,6 +109,7 @@ def starter_flow(
     brief_name: str = "需求.md",
     goal_name: str = "目标.md",
     log_name: str = "问答记录.md",
+    state: Any = None,
 ) -> Workflow:
     """The three-step flow: 确认需求 → 设定目标 → 干活 (under the goal guard).
 
@@ -115,7 +118,9 @@ def starter_flow(
     git repository, or when there is nothing to wake (no frozen brief, no clarifier cut off
     mid-way) and ``ask`` is empty. ``new`` first
     archives lineage.json, the brief and the goal together into
-    ``<notes>/archive/<YYYYmmdd-HHMMSS>/`` (sessions.db keeps every old session).
+    ``<notes>/archive/<YYYYmmdd-HHMMSS>/`` (sessions.db keeps every old session). ``state``
+    is the run state the start uses (:func:`flower.state.backends.open_state`; None: the
+    run_dir's files): its lineage is the one archived and looked at.
     """
     ws = Path(workspace).expanduser().resolve()
     if isolate and not in_git(ws):
@@ -124,10 +129,10 @@ def starter_flow(
     brief_path, goal_path = wb.notes / brief_name, wb.notes / goal_name
     said = ask.strip()
     if new:
-        archive(ws, run_dir, wb.notes, brief_name=brief_name, goal_name=goal_name)
+        archive(ws, run_dir, wb.notes, brief_name=brief_name, goal_name=goal_name, state=state)
     frozen = Brief.load(brief_path)
     waking = frozen is not None and frozen.complete()
-    if not waking and not said and not _clarifying(ws, run_dir):
+    if not waking and not said and not _clarifying(ws, run_dir, state):
         raise ValueError(NO_ASK)
     wb.ensure()
     channel = HumanChannel(
@@ -173,12 +178,23 @@ def archive(
     *,
     brief_name: str = "需求.md",
     goal_name: str = "目标.md",
+    state: Any = None,
 ) -> Path:
-    """``--new``: lineage.json and the frozen brief and goal (in ``notes``) move together into
+    """``--new``: lineage.json (with shared ``state``, the database's lineage of the
+    workspace) and the frozen brief and goal (in ``notes``) move together into
     ``<notes>/archive/<YYYYmmdd-HHMMSS>/``; the directory exists only if something moved.
     Nothing is deleted; sessions.db keeps every old session."""
-    lineage = Lineage.open(Path(run_dir).expanduser(), Path(workspace))
+    lineage = _lineage(Path(workspace), run_dir, state)
     return lineage.archive(notes / ARCHIVE_DIR, extra=[notes / brief_name, notes / goal_name])
+
+
+def _lineage(workspace: Path, run_dir: str | Path, state: Any) -> Lineage:
+    """The workspace's lineage, read (unchecked) from ``state``, or the run_dir's file."""
+    if state is None:
+        return Lineage.open(Path(run_dir).expanduser(), workspace)
+    lineage: Lineage = state.lineage()
+    lineage.load()
+    return lineage
 
 
 def _clarify(
@@ -281,13 +297,20 @@ def _said_before(ctx: Ctx, said: str) -> bool:
     )
 
 
-def _clarifying(workspace: Path, run_dir: str | Path) -> bool:
+def _clarifying(workspace: Path, run_dir: str | Path, state: Any = None) -> bool:
     """A clarifier cut off before the brief was frozen is something to wake too: its session
     carries on with CLARIFY_RESUME (a person re-running a killed flower types nothing). Only
-    if sessions.db still has that session: else there is nothing to continue."""
+    if the store still has that session: else there is nothing to continue."""
     runs = Path(run_dir).expanduser()
-    sid = Lineage.open(runs, workspace).steps.get(CLARIFY_STEP)
-    return bool(sid) and has_transcript(runs / "sessions.db", str(sid)) is not False
+    sid = _lineage(workspace, runs, state).steps.get(CLARIFY_STEP)
+    if not sid:
+        return False
+    if state is None or state.kind == "local":
+        return has_transcript(runs / "sessions.db", str(sid)) is not False
+    try:
+        return bool(state.sessions.has_session(None, str(sid)))
+    except Exception:  # noqa: BLE001 - a store that cannot answer is not a session gone
+        return True
 
 
 def in_git(path: Path) -> bool:

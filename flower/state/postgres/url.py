@@ -123,8 +123,10 @@ def parse_state_url(text: str, *, schema: str | None = None) -> StateURL:
     return StateURL(urlunsplit(parts._replace(query=rest)), chosen)
 
 
-def mask(url: str) -> str:
-    """``url`` with its password (in the authority or as a parameter) shown as ``***``."""
+def mask(url: str, *, drop: bool = False) -> str:
+    """``url`` with its password (in the authority or as a parameter) shown as ``***``, or
+    with ``drop`` left out (a command a person can run again: libpq then takes the password
+    from ``PGPASSWORD`` or ``~/.pgpass``)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -132,14 +134,15 @@ def mask(url: str) -> str:
     if "@" in authority:
         userinfo, _, hosts = authority.rpartition("@")
         user, colon, _ = userinfo.partition(":")
-        authority = f"{user}{':' + MASK if colon else ''}@{hosts}"
+        authority = f"{user}{':' + MASK if colon and not drop else ''}@{hosts}"
     if "?" in tail:
         path, _, query = tail.partition("?")
         pairs = [
             f"{k}={MASK}" if unquote(k) in _SECRET_PARAMS else f"{k}={v}" if eq else k
             for k, eq, v in (p.partition("=") for p in query.split("&"))
+            if not (drop and unquote(k) in _SECRET_PARAMS)
         ]
-        tail = f"{path}?{'&'.join(pairs)}"
+        tail = f"{path}?{'&'.join(pairs)}" if pairs else path
     return f"{scheme}{sep}{authority}{slash}{tail}"
 
 

@@ -1,0 +1,143 @@
+"""Which run state a command uses, the same way for ``flower`` and every ``flower-super``
+command: ``--state URL`` on the command line, else ``FLOWER_STATE`` from the environment or
+from any ``.env`` file of the credentials' lookup order
+(:func:`flower.people.credentials.lookup`), else the run_dir's local files. ``--state ''``
+chooses the local files even where ``FLOWER_STATE`` is set.
+
+What a command prints never holds a password. A resume command (the one ``status`` shows
+under a dead flower) keeps ``--state`` only when the start was given it on the command
+line, and then without its password: libpq takes the password from ``PGPASSWORD`` or
+``~/.pgpass`` (or set ``FLOWER_STATE`` with it and drop ``--state``); a state that came from
+the environment or a ``.env`` file is found there again by the resumed command.
+
+Light on purpose (no driver, no SDK): ``status`` against local files loads nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flower.i18n import define
+from flower.state.backends import STATE_ENV, open_state
+
+define(
+    {
+        "state.help.option": (
+            "运行状态存在哪:postgresql:// 地址(默认:环境变量或 .env 里的 FLOWER_STATE;"
+            "都没有就用运行目录里的本地文件;--state '' 强制用本地文件)。",
+            "where the run state lives: a postgresql:// URL (default: FLOWER_STATE from the "
+            "environment or a .env file; without one, the run directory's local files; "
+            "--state '' forces the local files).",
+        ),
+        "state.help.where": (
+            "用了状态地址时,运行目录里不写任何运行状态(会话、血缘、清单、运行记录、缓存、"
+            "事件都在数据库里);只有每个步骤的日志 <运行目录>/logs/<run>/<步骤>.log "
+            "留在跑那个步骤的机器上。",
+            "With a state URL nothing of the run's state is written under the run directory "
+            "(sessions, lineage, manifest, run records, cache and events are in the "
+            "database); only each step's log, <run_dir>/logs/<run>/<step>.log, stays on the "
+            "machine that ran the step.",
+        ),
+        "state.no_password": (
+            "      (地址里没写密码:用 PGPASSWORD 或 ~/.pgpass 给它,或者把带密码的地址设成 "
+            "FLOWER_STATE、去掉 --state)",
+            "      (the URL has no password: give it with PGPASSWORD or ~/.pgpass, or set "
+            "FLOWER_STATE to the URL with it and drop --state)",
+        ),
+    }
+)
+
+__all__ = ["Choice", "Seen", "choose", "looking", "open_chosen", "without_password"]
+
+
+@dataclass(frozen=True, eq=False, repr=False)  # unused, and start-up time each
+class Choice:
+    """The state a command uses: ``url`` ("" for the local files) and whether it was given
+    on the command line (``given``)."""
+
+    url: str
+    given: bool
+
+    def resume_args(self) -> list[str]:
+        """What a resume or inspection command repeats of it: ``--state URL`` (without a
+        password) when it was given on the command line, else nothing."""
+        if not self.given:
+            return []
+        return ["--state", without_password(self.url) if self.url else ""]
+
+
+def choose(given: str | None, workspace: str | Path | None) -> Choice:
+    """``--state`` as given (None: not given), else ``FLOWER_STATE`` as a start in
+    ``workspace`` finds it; "" means the local files."""
+    if given is not None:
+        return Choice(given.strip(), True)
+    from flower.people.credentials import lookup
+
+    return Choice((lookup(STATE_ENV, workspace) or "").strip(), False)
+
+
+def open_chosen(choice: Choice, *, run_dir: Path, workspace: Path, create: bool) -> Any:
+    """The run state ``choice`` names (:func:`flower.state.backends.open_state`): a URL that
+    is not PostgreSQL's, a refused password, a database that is missing or down, a schema
+    from a newer flower are each one FlowerError line with a hint. ``create=False`` (the
+    commands that only look) writes nothing into the workspace."""
+    return open_state(choice.url, run_dir=run_dir, workspace=workspace, create=create)
+
+
+@dataclass(eq=False, repr=False)
+class Seen:
+    """What a command that only looks was pointed at: the run state (opened, never
+    creating anything), how it was chosen, and the run directory and workspace."""
+
+    state: Any
+    chosen: Choice
+    run_dir: Path
+    workspace: Path
+
+    def where_args(self) -> list[str]:
+        """What a printed inspection command repeats so that it looks at the same state:
+        ``-r DIR`` (local, when not ./runs here), ``-w DIR`` (shared, when not here) and
+        ``--state URL`` when it was given on the command line (never with a password)."""
+        out: list[str] = []
+        if self.state.kind == "local":
+            if self.run_dir != (Path.cwd() / "runs").absolute():
+                out += ["-r", str(self.run_dir)]
+        elif self.workspace != Path.cwd().resolve():
+            out += ["-w", str(self.workspace)]
+        return out + self.chosen.resume_args()
+
+
+@contextlib.contextmanager
+def looking(run_dir: Path, workspace: Path, given: str | None) -> Iterator[Seen]:
+    """The run state ``status``/``show``/``logs``/``cancel`` read (chosen as the module
+    docstring says), closed afterwards."""
+    ws = workspace.expanduser().resolve()
+    rd = run_dir.expanduser().absolute()
+    chosen = choose(given, ws)
+    opened = open_chosen(chosen, run_dir=rd, workspace=ws, create=False)
+    try:
+        yield Seen(opened, chosen, rd, ws)
+    finally:
+        opened.close()
+
+
+def without_password(url: str) -> str:
+    """``url`` with its password left out (in the authority, or as a parameter)."""
+    from flower.state.postgres.url import mask
+
+    return mask(url, drop=True)
+
+
+def lacks_password(command: list[str]) -> bool:
+    """Does ``command`` pass ``--state`` a URL that names a user and no password (what
+    :meth:`Choice.resume_args` leaves of one that had it)?"""
+    try:
+        url = command[command.index("--state") + 1]
+    except (ValueError, IndexError):
+        return False
+    authority = url.partition("://")[2].partition("/")[0]
+    return "@" in authority and ":" not in authority.rpartition("@")[0]
