@@ -148,6 +148,27 @@ def judge(f: Flower, finished: set[str], calls: int) -> None:
         )
 
 
+def explain(f: Flower, proc: subprocess.Popen[bytes]) -> str:
+    """What a drill that waited in vain saw: the supervisor's output, the requests the model
+    server got, the ledger's rows and the step logs (the supervisor is killed first)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except (ValueError, subprocess.TimeoutExpired):
+        out = b""
+    lines = ["-- supervisor:", out.decode("utf-8", "replace")[-4000:], "-- requests:"]
+    for r in f.server.requests:
+        lines.append(
+            f"{r.time:.3f} {r.path} {r.answer} {r.status} session={r.session_id} "
+            f"turn={r.turn} messages={len(r.messages)} {r.detail[:200]}"
+        )
+    lines.append(f"-- ledger: {done_calls(f.runs, done=False)} done: {done_calls(f.runs)}")
+    for log in sorted(f.runs.glob("logs/*/*.log")):
+        lines += [f"-- {log.relative_to(f.runs)}:", log.read_text("utf-8", "replace")[-3000:]]
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
 def burners(n: int) -> Iterator[None]:
     """``n`` processes spinning on the CPU, at the tests' own priority; reaped on exit."""
@@ -176,15 +197,26 @@ def test_kill9_in_the_80ms_after_a_bash_call_finishes_never_repeats_it(
     stages: dict[str, int] = {}
     late: list[float] = []
     started = time.monotonic()
+    skipped = 0  # kills left out (every call had started by the one before): made up for
     with burners(os.cpu_count() or 2) if load == "busy" else contextlib.nullcontext():
-        for _ in range(KILLS // len(KILL_AFTER)):
+        while len(late) < KILLS:
             f: Flower = flower_env(model_server(script()))
             finished: set[str] = set()
-            for i in KILL_AFTER:
+            for after in KILL_AFTER:
+                # A model that answers at once can have the next calls started inside the
+                # window of a kill: one started then is never "done" (the model is told it
+                # did not finish), so the next kill follows the first call not yet started.
+                i = max([after, *(j + 1 for j in done_calls(f.runs, done=False))])
+                if i > CALLS:
+                    skipped += 1
+                    continue
                 proc = f.start(flow=FLOW)
-                tid, ended = wait_until(
-                    lambda f=f, i=i: done_calls(f.runs).get(i), 90, f"call {i} to finish", 0.001
-                )
+                try:
+                    tid, ended = wait_until(
+                        lambda f=f, i=i: done_calls(f.runs).get(i), 90, f"call {i} to finish", 0.001
+                    )
+                except AssertionError as e:
+                    raise AssertionError(f"{e}\n{explain(f, proc)}") from None
                 time.sleep(max(0.0, ended + rng.uniform(0, WINDOW) - time.time()))
                 at = time.time()
                 assert kill(proc) == -signal.SIGKILL, "the step ended before the kill"
@@ -197,12 +229,12 @@ def test_kill9_in_the_80ms_after_a_bash_call_finishes_never_repeats_it(
             f.cleanup()
     late.sort()
     print(
-        f"{load}: {KILLS} kills in {time.monotonic() - started:.0f} s, "
+        f"{load}: {len(late)} kills ({skipped} left out) in {time.monotonic() - started:.0f} s, "
         f"{late[len(late) // 2] * 1000:.0f} ms after the call finished at the median "
         f"(max {late[-1] * 1000:.0f} ms); what the CLI had written of the call: {stages}"
     )
     # The window the ledger exists for: the CLI had not written the call's result yet.
-    assert stages.get("nothing", 0) + stages.get("tool_use", 0) >= KILLS // 4, stages
+    assert stages.get("nothing", 0) + stages.get("tool_use", 0) >= len(late) // 4, stages
 
 
 @pytest.mark.timeout(300)  # 6 kill-and-resume rounds

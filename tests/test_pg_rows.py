@@ -164,6 +164,16 @@ def test_cache_get_put_evict(state: PostgresState) -> None:
     assert len(state.cache) == 1 and state.cache.get("k4") is not None
 
 
+def test_the_last_run_s_report_is_no_entry_the_cache_evicts_or_counts(state: PostgresState) -> None:
+    """``last/<workspace>`` (what the last run reused: flower.cache.store writes it without a
+    created_at) outlives every eviction and is not counted as an entry."""
+    state.cache.put("last/ws1", {"reused": ["a"]})
+    state.cache.put("k0", {"created_at": 100.0, "result": {"text": "t"}})
+    assert len(state.cache) == 1
+    assert state.cache.evict(max_entries=0, max_age_s=1.0, now=1e9) == 1
+    assert state.cache.get("last/ws1") == {"reused": ["a"]} and len(state.cache) == 0
+
+
 def test_events_append_read_and_wait(pg_dsn: str) -> None:
     reader, writer = PostgresState(pg_dsn), PostgresState(f"{pg_dsn}?application_name=w")
     try:

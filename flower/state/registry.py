@@ -56,10 +56,9 @@ LEASE_S = 30.0
 
 
 def this_host() -> str:
-    """This machine's name, as records say where they were written."""
-    import socket
-
-    return socket.gethostname()
+    """This machine's name, as records say where they were written (``gethostname``'s
+    answer, read without importing socket: ~2.5 ms status and show do not need)."""
+    return os.uname().nodename
 
 
 def new_run_id(now: float | None = None) -> str:

@@ -248,6 +248,9 @@ def _record(record: dict[str, Any], host: str, heartbeat_at: float) -> dict[str,
     return {**record, "host": host, "heartbeat_at": heartbeat_at}
 
 
+_LAST = "'last/%%'"  # flower.cache.store's key of the last run's report (%% is psycopg's %)
+
+
 class PostgresCacheRows:
     """The cross-run cache: one entry per key (``flower.cache.Entry.to_json``'s object)."""
 
@@ -268,11 +271,13 @@ class PostgresCacheRows:
         self._db.run(lambda conn: conn.execute(sql, params))
 
     def evict(self, *, max_entries: int, max_age_s: float, now: float) -> int:
-        """Drop entries older than ``max_age_s`` and the oldest past ``max_entries``."""
-        old = self._db.sql("DELETE FROM {s}.cache WHERE created_at < %s")
+        """Drop entries older than ``max_age_s`` and the oldest past ``max_entries``. The
+        ``last/<workspace>`` rows (what the last run reused, as the local store's own file)
+        are no entries: never evicted, never counted."""
+        old = self._db.sql("DELETE FROM {s}.cache WHERE created_at < %s AND key NOT LIKE " + _LAST)
         extra = self._db.sql(
             "DELETE FROM {s}.cache WHERE key IN (SELECT key FROM {s}.cache"
-            " ORDER BY created_at DESC, key OFFSET %s)"
+            " WHERE key NOT LIKE " + _LAST + " ORDER BY created_at DESC, key OFFSET %s)"
         )
 
         def work(conn: Conn) -> int:
@@ -283,7 +288,8 @@ class PostgresCacheRows:
         return self._db.run(work)
 
     def __len__(self) -> int:
-        return int(_fetch(self._db, "SELECT count(*) FROM {s}.cache", ())[0][0])
+        sql = "SELECT count(*) FROM {s}.cache WHERE key NOT LIKE " + _LAST
+        return int(_fetch(self._db, sql, ())[0][0])
 
 
 class PostgresEventRows:
