@@ -349,6 +349,14 @@ state_option = click.option(
     "--state", "state", default=None, metavar="URL", help=t("state.help.option")
 )  # see supervisor.runstate
 
+placement_option = click.option(
+    "--placement",
+    "placement",
+    default=None,
+    metavar="temporal://HOST:PORT/QUEUE",
+    help=t("state.help.placement"),
+)  # see supervisor.start.choose_placement
+
 
 workspace_option = click.option(
     "-w",
@@ -429,6 +437,7 @@ def main() -> None:
     help=t("super.help.no_goal"),
 )
 @state_option
+@placement_option
 def start(
     ask: str,
     flow_ref: str | None,
@@ -440,10 +449,11 @@ def start(
     timeout_s: float,
     no_goal: bool,
     state: str | None,
+    placement: str | None,
 ) -> None:
     """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
     from supervisor.flows import load_flow, starter
-    from supervisor.start import StartArgs, run_start
+    from supervisor.start import StartArgs, choose_placement, run_start
     from supervisor.terminal import Terminal
 
     ws = (workspace or Path.cwd()).expanduser()
@@ -456,6 +466,7 @@ def start(
         opened = open_chosen(
             chosen, run_dir=run_dir.expanduser().absolute(), workspace=ws, create=True
         )
+        remote = choose_placement(placement, ws, opened)
         if flow_ref:
             wf = load_flow(flow_ref, ask)
             ws = workspace_dir(ws)
@@ -482,10 +493,11 @@ def start(
                 run_dir,
                 workspace,
                 _starter_options(rounds, timeout_s, no_goal),
-                chosen.resume_args(),
+                chosen.resume_args() + (["--placement", placement] if placement else []),
             ),
             archive=bool(flow_ref),
             state=opened,
+            placement=remote,
         )
         code = run_start(wf, args, Terminal())
     except FlowerError as exc:
