@@ -195,6 +195,7 @@ def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
         if record is not None and label in record.placed:
             rt.note(placed={k: v for k, v in record.placed.items() if k != label})
 
+    placement.channel = wf.channel
     placement.on_placed, placement.on_ended = placed, ended
     placement.adopted = _left_running(rt, wf)
     return placement
