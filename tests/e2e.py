@@ -133,8 +133,11 @@ class Flower:
         return json.loads((self.runs / "lineage.json").read_text(encoding="utf-8"))
 
     def manifest(self) -> list[dict[str, Any]]:
-        path = self.runs / "manifest.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+        """The rows, read as flower's own readers read them: under the writers' lock (a
+        bare read can land between the file's creation and its first append, and see '')."""
+        from flower.state.manifest import read_manifest
+
+        return read_manifest(self.runs)
 
     def transcript(self, session_id: str) -> list[dict[str, Any]]:
         return transcript(self.runs, session_id)
