@@ -99,6 +99,11 @@ class PgFlower(Flower):
         keys = ("tool_use_id", "name", "state", "content")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
+    def events(self, run: str) -> list[dict[str, Any]]:
+        """The run's event log, in order."""
+        rows = self._rows("SELECT event FROM {s}.events WHERE run = %s ORDER BY pos", (run,))
+        return [event for (event,) in rows]
+
     def assert_state_home(self) -> None:
         """Nothing of the run's state was written under the run_dir."""
         found = run_state_files(self.runs)
