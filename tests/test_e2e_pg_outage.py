@@ -104,7 +104,9 @@ def test_postgres_stopped_for_10s_mid_step(
             timeout=OUTAGE_S,
         )
         assert (f.ws / "during.txt").exists()
-        time.sleep(max(0.0, down_at + OUTAGE_S - time.monotonic()))  # the outage's length
+        # The outage lasts OUTAGE_S whatever the step does meanwhile: its length is what is
+        # tested here, not a wait for something to happen.
+        time.sleep(max(0.0, down_at + OUTAGE_S - time.monotonic()))
         own_server.up()
         out, _ = proc.communicate(timeout=120)
     finally:

@@ -404,9 +404,18 @@ class Database:
                         if self._drain(conn):
                             return True
                     except psycopg.Error as exc:
-                        raise self._failed(conn, exc) from None
+                        failure = self._failed(conn, exc)
+                        if not isinstance(failure, StateUnavailable):
+                            # refused, not down: the deliverer keeps trying (and says so)
+                            log.warning(
+                                "%s", t("state.pg.spool_stuck", spool=directory, why=failure)
+                            )
+                            return False
+                        raise failure from None
+                except StateUnavailable:
+                    pass  # down: wait and look again
                 except FlowerError:
-                    pass  # down, or refused: wait and look again
+                    return False  # a database this process cannot use: nothing to wait for
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
