@@ -17,16 +17,10 @@ once untimed first (its bytecode written, as an installed flower has it).
 from __future__ import annotations
 
 import argparse
-import os
-import random
-import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,28 +67,6 @@ def write_history(state: Any) -> None:
     lineage.remember("first", "s-2")
 
 
-@contextmanager
-def database(dsn: str | None) -> Iterator[str]:
-    """A fresh database for the run: on ``dsn``'s server, or on a throwaway one."""
-    import psycopg
-
-    from flower.testing.postgres import start_postgres
-    from flower.testing.pytest_postgres import database_url
-
-    server = None if dsn else start_postgres(durable=True)
-    admin = dsn or server.dsn  # type: ignore[union-attr]
-    name = f"bench_{secrets.token_hex(4)}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield database_url(admin, name)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        if server is not None:
-            server.stop()
-
-
 def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, check=False)
@@ -105,47 +77,24 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
 
 
 def main() -> int:
+    """The status comparison alone (scripts/bench_state.py runs it with the other two)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--dsn", default=None, help="a PostgreSQL superuser's URL")
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_state import bench_status
 
-    from flower.state.backends import LocalState, SharedState
+    from flower.testing.postgres import start_postgres
 
-    with tempfile.TemporaryDirectory() as tmp, database(args.dsn) as url:
-        root = Path(tmp)
-        ws_local, ws_shared = root / "local", root / "shared"
-        for ws in (ws_local, ws_shared):
-            ws.mkdir()
-        local = LocalState(ws_local / "runs", ws_local)
-        shared = SharedState(url, run_dir=ws_shared / "runs", workspace=ws_shared)
-        write_history(local)
-        write_history(shared)
-        local.close()
-        shared.close()
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        env.pop("FLOWER_STATE", None)
-        py = [sys.executable, "-m", "supervisor", "status"]
-        commands = {
-            "local files": (py, ws_local),
-            "PostgreSQL": ([*py, "--state", url], ws_shared),
-        }
-        for cmd, cwd in commands.values():
-            timed(cmd, cwd, env)  # bytecode first
-        times: dict[str, list[float]] = {name: [] for name in commands}
-        for _ in range(args.rounds):
-            order = list(commands)
-            random.shuffle(order)
-            for name in order:
-                cmd, cwd = commands[name]
-                times[name].append(timed(cmd, cwd, env))
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"flower-super status, {args.rounds} rounds (median / min, ms)")
-    for name, ts in times.items():
-        print(f"  {name:12s} {med[name] * 1000:7.1f} / {min(ts) * 1000:7.1f}")
-    ratio = med["PostgreSQL"] / med["local files"]
-    verdict = "within" if ratio <= GOAL else "NOT within"
-    print(f"  ratio {ratio:.2f} ({verdict} the goal of {GOAL}x)")
+    server = None if args.dsn else start_postgres(durable=True)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            admin = args.dsn or server.dsn  # type: ignore[union-attr]
+            print("\n".join(bench_status(admin, Path(tmp), args.rounds)).lstrip())
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 

@@ -56,6 +56,9 @@ WEIGHT = {
     # Temporal: worker processes killed, frozen, stopped; heartbeat timeouts waited out
     "test_temporal_facts.py": 70,
     "test_temporal_server.py": 20,
+    # a whole local cluster (flower-super cluster up: Temporal, PostgreSQL, 2 workers) twice
+    "test_e2e_readme_cluster.py": 45,
+    "test_e2e_cluster_people.py": 35,
 }
 DEFAULT_E2E_WEIGHT = 20
 # pytest's last line: "3 passed, 1 skipped in 4.20s" (-q) or "=== 1 failed, 2 passed in … ===".

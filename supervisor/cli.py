@@ -323,6 +323,28 @@ define(
             "child, as on the supervisor's machine). The run state must be in PostgreSQL; "
             "credentials are this machine's own.",
         ),
+        "super.help.cluster": (
+            "本机上的一个小集群(Temporal 开发服务器、临时 PostgreSQL、N 个 worker),试用和测试用。",
+            "A cluster on this machine (the Temporal dev server, a throwaway PostgreSQL, N "
+            "workers), for trying the cluster placement out and for tests.",
+        ),
+        "super.help.cluster_up": (
+            "起一个本机集群,在 stdout 打出要 export 的两行(FLOWER_STATE、FLOWER_PLACEMENT);"
+            "已经起着就只再打一遍。",
+            "Start a cluster on this machine and print the two lines to export "
+            "(FLOWER_STATE, FLOWER_PLACEMENT) on stdout; one already up is only printed again.",
+        ),
+        "super.help.cluster_down": (
+            "停掉本机集群的 worker(先让它们交还手上的尝试)和两个服务器,删掉它的目录"
+            "(它的运行状态随之而去)。",
+            "Stop the cluster's workers (each hands back what it runs first) and both "
+            "servers, and remove its directory (its run state goes with it).",
+        ),
+        "super.help.cluster_workers": ("起几个 worker", "how many workers to start"),
+        "super.help.cluster_dir": (
+            "集群的文件放哪(默认 ~/.flower/cluster)",
+            "where the cluster keeps its files (default ~/.flower/cluster)",
+        ),
         "super.help.temporal": ("Temporal 服务的地址", "the Temporal service's address"),
         "super.help.queue": ("要领活的任务队列", "the task queue to take attempts from"),
         "super.help.slots": ("同时跑几个尝试", "attempts at once"),
@@ -348,6 +370,14 @@ define(
 state_option = click.option(
     "--state", "state", default=None, metavar="URL", help=t("state.help.option")
 )  # see supervisor.runstate
+
+placement_option = click.option(
+    "--placement",
+    "placement",
+    default=None,
+    metavar="temporal://HOST:PORT/QUEUE",
+    help=t("state.help.placement"),
+)  # see supervisor.start.choose_placement
 
 
 workspace_option = click.option(
@@ -429,6 +459,7 @@ def main() -> None:
     help=t("super.help.no_goal"),
 )
 @state_option
+@placement_option
 def start(
     ask: str,
     flow_ref: str | None,
@@ -440,10 +471,11 @@ def start(
     timeout_s: float,
     no_goal: bool,
     state: str | None,
+    placement: str | None,
 ) -> None:
     """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
     from supervisor.flows import load_flow, starter
-    from supervisor.start import StartArgs, run_start
+    from supervisor.start import StartArgs, choose_placement, run_start
     from supervisor.terminal import Terminal
 
     ws = (workspace or Path.cwd()).expanduser()
@@ -456,6 +488,7 @@ def start(
         opened = open_chosen(
             chosen, run_dir=run_dir.expanduser().absolute(), workspace=ws, create=True
         )
+        remote = choose_placement(placement, ws, opened)
         if flow_ref:
             wf = load_flow(flow_ref, ask)
             ws = workspace_dir(ws)
@@ -482,10 +515,11 @@ def start(
                 run_dir,
                 workspace,
                 _starter_options(rounds, timeout_s, no_goal),
-                chosen.resume_args(),
+                chosen.resume_args() + (["--placement", placement] if placement else []),
             ),
             archive=bool(flow_ref),
             state=opened,
+            placement=remote,
         )
         code = run_start(wf, args, Terminal())
     except FlowerError as exc:
@@ -713,6 +747,58 @@ def worker(target: str, queue: str, slots: int, state: str | None, maps: tuple[s
     try:
         cfg = WorkerConfig(target, queue, slots, state, [parse_map(m) for m in maps])
         sys.exit(run_worker(cfg))
+    except FlowerError as exc:
+        _fail(exc)
+
+
+@main.group(help=t("super.help.cluster"))
+def cluster() -> None:
+    pass
+
+
+cluster_dir_option = click.option(
+    "--dir",
+    "where",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    metavar="DIR",
+    help=t("super.help.cluster_dir"),
+)
+
+
+@cluster.command("up", help=t("super.help.cluster_up"))
+@click.option(
+    "--workers",
+    type=int,
+    default=2,
+    show_default=True,
+    metavar="N",
+    help=t("super.help.cluster_workers"),
+)
+@cluster_dir_option
+def cluster_up(workers: int, where: Path | None) -> None:
+    """``flower-super cluster up``: the two export lines on stdout, the rest on stderr."""
+    from supervisor.cluster import default_dir, up
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    try:
+        found = up(where or default_dir(), workers, say)
+    except FlowerError as exc:
+        _fail(exc)
+    say(t("cluster.export"))
+    for line in found.exports():
+        click.echo(line)
+
+
+@cluster.command("down", help=t("super.help.cluster_down"))
+@cluster_dir_option
+def cluster_down(where: Path | None) -> None:
+    from supervisor.cluster import default_dir, down
+
+    try:
+        down(where or default_dir(), lambda line: click.echo(line, err=True))
     except FlowerError as exc:
         _fail(exc)
 

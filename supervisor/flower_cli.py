@@ -34,6 +34,11 @@ ONCE_TOOLS = "Read,Glob,Grep"
 
 define(
     {
+        "cli.once_placement": (
+            "flower once 只在本机跑一个 agent,不用 --placement"
+            "(流程才放到集群上:flower / flower run)",
+            "flower once runs one agent here; --placement is for flows (flower, flower run)",
+        ),
         # help texts
         "cli.description": (
             "flower:一句话开跑,断了再跑一次就接着做。不写子命令时就是 go。",
@@ -137,8 +142,8 @@ define(
             "do not trim large old tool results on resume (go trims by default)",
         ),
         "cli.help.go_epilog": (
-            "全局开关(-w/-r/-v/-W/-T/--state)见 `flower --help`",
-            "global flags (-w/-r/-v/-W/-T/--state): see `flower --help`",
+            "全局开关(-w/-r/-v/-W/-T/--state/--placement)见 `flower --help`",
+            "global flags (-w/-r/-v/-W/-T/--state/--placement): see `flower --help`",
         ),
         "cli.help.target": (
             "模块:属性 或 文件.py:属性,指向一个 Workflow(或返回 Workflow 的函数)",
@@ -252,7 +257,7 @@ class Stop(Exception):
 
 
 def _globals(p: argparse.ArgumentParser, *, suppress: bool) -> None:
-    """The six global flags; on a subparser their defaults are SUPPRESS, so they may come
+    """The seven global flags; on a subparser their defaults are SUPPRESS, so they may come
     before or after the subcommand without one copy overwriting the other."""
 
     def d(value: Any) -> Any:
@@ -269,6 +274,12 @@ def _globals(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     p.add_argument("-T", "--trim", action="store_true", default=d(False), help=t("cli.help.trim"))
     state_help = f"{t('state.help.option')} {t('state.help.where')}"
     p.add_argument("--state", default=d(None), metavar="URL", help=state_help)
+    p.add_argument(
+        "--placement",
+        default=d(None),
+        metavar="temporal://HOST:PORT/QUEUE",
+        help=t("state.help.placement"),
+    )
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -489,6 +500,19 @@ def _state(args: argparse.Namespace, workspace: Path, run_dir: Path) -> tuple[Ch
     return chosen, open_chosen(chosen, run_dir=run_dir, workspace=workspace, create=True)
 
 
+def _placement(args: argparse.Namespace, workspace: Path, opened: Any) -> str | None:
+    """Where the run's attempts go (:func:`supervisor.start.choose_placement`): None for
+    forked children here; checked before anything runs."""
+    from supervisor.start import choose_placement
+
+    return choose_placement(getattr(args, "placement", None), workspace, opened)
+
+
+def _placement_args(args: argparse.Namespace) -> list[str]:
+    given = getattr(args, "placement", None)
+    return ["--placement", given] if given else []
+
+
 def _credentials(args: argparse.Namespace, workspace: Path) -> None:
     """Gate one (are there credentials) and gate two (do they work), as setup says."""
     _have_credentials(workspace)
@@ -578,6 +602,7 @@ def _go(args: argparse.Namespace) -> int:
     if args.isolate and not in_git(ws):
         raise Stop(t("cli.not_git", ws=ws))
     chosen, opened = _state(args, ws, run_dir)
+    remote = _placement(args, ws, opened)
     _have_credentials(ws)
     new = bool(args.new)
     ask = args.ask
@@ -628,10 +653,11 @@ def _go(args: argparse.Namespace) -> int:
         run_dir=run_dir,
         new=new,
         trim=not args.no_trim,
-        command=_go_command(args, ws, run_dir) + chosen.resume_args(),
+        command=_go_command(args, ws, run_dir) + chosen.resume_args() + _placement_args(args),
         archive=False,
         handoff=_handoff(args),
         state=opened,
+        placement=remote,
     )
     return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
 
@@ -699,6 +725,7 @@ def _run(args: argparse.Namespace) -> int:
         _say(t("cli.verified", flow=wf.name, n=len(wf.steps)))
         return 0
     chosen, opened = _state(args, ws, run_dir)
+    remote = _placement(args, ws, opened)
     _credentials(args, ws)
     workbench: Any = wf.workbench
     if workbench is None:
@@ -718,12 +745,14 @@ def _run(args: argparse.Namespace) -> int:
             *(["-W"] if args.workbench else []),
             *(["-T"] if args.trim else []),
             *chosen.resume_args(),
+            *_placement_args(args),
             "run",
             args.target,
         ],
         archive=False,
         workbench=workbench,
         state=opened,
+        placement=remote,
     )
     return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
 
@@ -738,6 +767,8 @@ def _once(args: argparse.Namespace) -> int:
 
     ws = _workspace(args)
     run_dir = _run_dir(args)
+    if getattr(args, "placement", None):
+        raise Stop(t("cli.once_placement"), code=2)
     _, opened = _state(args, ws, run_dir)
     _credentials(args, ws)
     tools = [x.strip() for x in (args.tools or ONCE_TOOLS).split(",") if x.strip()]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -321,6 +322,11 @@ class TemporalPlacement:
     on_placed: Callable[[str, str, dict[str, Any]], None] | None = None
     on_ended: Callable[[str], None] | None = None
     adopted: dict[str, str] = field(default_factory=dict)  # label -> a running activity id
+    # The flow's HumanChannel here. A worker builds the flow again, so a question from one
+    # of its attempts names the worker's copy of the channel (another key): it is served by
+    # this one (the one whose person is at this terminal), as is one from an attempt a
+    # supervisor before this one placed.
+    channel: Any = None
     _sent: dict[str, int] = field(default_factory=dict)
     _client: Any = None
     _runtime: Any = None
@@ -458,6 +464,11 @@ class TemporalPlacement:
                 self.on_placed(call.label, mailbox.id, dict(ev.payload))
             watch.on_event(ev)
         elif isinstance(item, Ask):
+            if item.channel and self.channel is not None:
+                from flower.people.human import find_channel
+
+                if find_channel(item.channel) is None:
+                    item = dataclasses.replace(item, channel=self.channel.key)
 
             async def answer(q: Ask = item) -> None:
                 mailbox.send(down(mailbox.id), await answer_for(q, self.ask))

@@ -26,6 +26,13 @@ from flower.state.backends import STATE_ENV, open_state
 
 define(
     {
+        "state.help.placement": (
+            "把每次步骤尝试放到 Temporal 队列上,由 flower-super worker 去跑(默认:本机 fork 子进程;"
+            "也可设 FLOWER_PLACEMENT)。运行状态必须在 PostgreSQL 里(--state / FLOWER_STATE)。",
+            "place each step attempt on a Temporal queue for `flower-super worker`s to run "
+            "(default: a forked child here; or set FLOWER_PLACEMENT). Needs the run state in "
+            "PostgreSQL (--state / FLOWER_STATE).",
+        ),
         "state.help.option": (
             "运行状态存在哪:postgresql:// 地址(默认:环境变量或 .env 里的 FLOWER_STATE;"
             "都没有就用运行目录里的本地文件;--state '' 强制用本地文件)。",

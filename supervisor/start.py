@@ -139,7 +139,7 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         placement=Forked(ask=term.ask),
         state=args.state,
     )
-    remote = args.placement or os.environ.get(PLACEMENT_ENV) or None
+    remote = args.placement
     if remote:
         rt.placement = _on_cluster(remote, rt, wf, term)
     term.channel = wf.channel
@@ -153,6 +153,29 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
 
 
 PLACEMENT_ENV = "FLOWER_PLACEMENT"
+
+
+def choose_placement(given: str | None, workspace: Path, state: Any) -> str | None:
+    """Where this start places its attempts: ``--placement`` as given, else
+    ``FLOWER_PLACEMENT`` as a start in ``workspace`` finds it (the environment, then the
+    ``.env`` files of the credentials lookup order); None: forked children here.
+
+    Checked before anything runs: an address that is not ``temporal://HOST:PORT/QUEUE`` and
+    a cluster with the run state in local files are each one line with a hint."""
+    from flower.people.credentials import lookup
+
+    from .remote import Where
+
+    url = (given if given is not None else lookup(PLACEMENT_ENV, workspace) or "").strip()
+    if not url:
+        return None
+    where = Where.parse(url)
+    if getattr(state, "kind", "local") == "local":
+        raise FlowerError(
+            t("remote.local_state", where=getattr(state, "where", "")),
+            hint=t("remote.local_state.hint"),
+        )
+    return str(where)
 
 
 def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
@@ -184,6 +207,7 @@ def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
         if record is not None and label in record.placed:
             rt.note(placed={k: v for k, v in record.placed.items() if k != label})
 
+    placement.channel = wf.channel
     placement.on_placed, placement.on_ended = placed, ended
     placement.adopted = _left_running(rt, wf)
     return placement

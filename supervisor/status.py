@@ -69,6 +69,10 @@ define(
             "      {step}:{done} 项已完成",
             "      {step}: {done} {done|item|items} done",
         ),
+        "status.placed": (
+            "      @ {label}  在 {host} 上跑(worker pid {pid},第 {n} 次派发)",
+            "      @ {label}  runs on {host} (worker pid {pid}, dispatch try {n})",
+        ),
         "status.commands": ("      命令: {commands}", "      commands: {commands}"),
         "status.rows": ("最近 {n} 行 manifest", "last {n} manifest {n|row|rows}"),
         "status.row": (
@@ -138,6 +142,8 @@ class FlowerView:
             "commands": self.commands,
             "reuse": summary(r.reuse) if r.reuse else None,
             "map_items_done": _map_items(r),
+            # attempts running on cluster workers: label -> {id, host, pid, worker, try}
+            "placed": {label: dict(where) for label, where in r.placed.items()},
         }
 
 
@@ -343,6 +349,16 @@ def _flower_lines(f: FlowerView) -> list[str]:
         elapsed=_dur(_elapsed(r, f.alive)),
     )
     out = [head, detail]
+    for label, where in r.placed.items():  # attempts on cluster workers, where each runs
+        out.append(
+            t(
+                "status.placed",
+                label=label,
+                host=where.get("host", "?"),
+                pid=where.get("pid", "?"),
+                n=where.get("try", 1),
+            )
+        )
     for name, done in _map_items(r).items():  # a map step's items: how many are done
         out.append(t("status.map_items", step=name, done=done))
     out += ["   " + line for line in report_lines(r.reuse)]  # seed 004: what was reused, and why

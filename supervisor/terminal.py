@@ -57,6 +57,11 @@ define(
             "@ 在 {host} 上跑(worker pid {pid})",
             "@ running on {host} (worker pid {pid})",
         ),
+        "term.refused": (
+            "! {host}(worker pid {pid})跑不了它,还回队列,等一个能跑的 worker:{why}",
+            "! {host} (worker pid {pid}) cannot run it and handed it back; waiting for a "
+            "worker that can: {why}",
+        ),
         "term.placed.again": (
             "@ 原来的 worker 没了,{host} 接着跑同一个会话(worker pid {pid},第 {n} 次派发)",
             "@ its worker is gone: {host} carries on the same session (worker pid {pid}, "
@@ -277,6 +282,7 @@ class Terminal:
         self.colour = _isatty(self.out) and not os.environ.get("NO_COLOR")
         self.status_every = _float_env("FLOWER_STATUS_EVERY", STATUS_EVERY_S)
         self._reused: set[str] = set()
+        self._refusals: set[tuple[Any, ...]] = set()  # (label, host, pid, why) said once
         self._block = ""  # the label whose block is on the screen now ("" before any step)
         self._map = ""  # the map step running now: its items' rows are summed on its line
         self._map_spent = 0.0
@@ -422,6 +428,18 @@ class Terminal:
         p = ev.payload
         key = "term.placed.again" if int(p.get("try") or 1) > 1 else "term.placed"
         self.say("  " + t(key, host=p.get("host", "?"), pid=p.get("pid", "?"), n=p.get("try", 1)))
+
+    def _ev_refused(self, ev: Event) -> None:
+        """A worker that cannot run the attempt (the workspace or the flow is not there) has
+        handed it back to the queue: said once per worker and reason, since it may try
+        again every few seconds until a worker that can takes it."""
+        p = ev.payload
+        key = (ev.step, p.get("host"), p.get("pid"), ev.text)
+        if key in self._refusals:
+            return
+        self._refusals.add(key)
+        line = t("term.refused", host=p.get("host", "?"), pid=p.get("pid", "?"), why=ev.text)
+        self.say("  " + line)
 
     def _ev_text(self, ev: Event) -> None:
         if ev.payload.get("subagent") and not self.verbose:

@@ -214,6 +214,27 @@ class Attempts:
         self._flows[key] = wf
         return wf
 
+    def tell_refused(self, order: Order, label: str, why: str) -> None:
+        """Say in the attempt's mailbox that this worker cannot run it, and why: the
+        supervisor's terminal shows it (an attempt no worker can run would otherwise wait
+        on the queue in silence). Best effort: the state may be what is wrong here."""
+        try:
+            # the mailbox is the run's event rows, whatever the workspace (which may be
+            # what this worker cannot see)
+            state = self.state_for(Path.cwd(), Path.cwd() / "runs")
+            self.mailbox(state, order.id).send(
+                up(order.id),
+                EventMsg(
+                    kind="refused",
+                    step=label,
+                    payload={"host": socket.gethostname(), "pid": os.getpid(), "why": why},
+                    text=why,
+                    tool="",
+                ),
+            )
+        except Exception:  # the refusal itself must still happen
+            log.debug("could not tell the supervisor about a refusal", exc_info=True)
+
     def mailbox(self, state: Any, activity_id: str) -> Mailbox:
         if self._pump is None:
             self._pump = Pump(state.rows.events)
@@ -238,6 +259,7 @@ class Attempts:
                 problem = exc.message
         if problem:
             say(t("worker.refused", label=label, why=problem))
+            self.tell_refused(order, label, problem)
             await asyncio.sleep(1.0)  # give another worker the next try
             raise ApplicationError(problem, type="NotHere")
         state = self.state_for(ws, run_dir)

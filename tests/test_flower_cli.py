@@ -80,12 +80,30 @@ def test_counted_flags_are_5_global_11_go_6_once():
 
     def own(parser):
         flags = {a.dest for a in parser._actions if a.option_strings and a.dest != "help"}
-        return flags - {"workspace", "run_dir", "verbose", "workbench", "trim", "state"}
+        return flags - {
+            "workspace",
+            "run_dir",
+            "verbose",
+            "workbench",
+            "trim",
+            "state",
+            "placement",
+        }
 
     glob = {a.dest for a in p._actions if a.option_strings and a.dest != "help"}
     # The reference's five global flags, --version (issue 17: flower-super had one) and
-    # --state (issue 18: where the run state lives, on flower and every flower-super command).
-    assert glob == {"workspace", "run_dir", "verbose", "workbench", "trim", "version", "state"}
+    # --state (issue 18: where the run state lives, on flower and every flower-super command),
+    # --placement (issue 19: where the attempts run).
+    assert glob == {
+        "workspace",
+        "run_dir",
+        "verbose",
+        "workbench",
+        "trim",
+        "version",
+        "state",
+        "placement",
+    }
     assert len(own(choices["go"])) == 11
     assert len(own(choices["once"])) == 6
     # run's one flag is issue 11's --verify (the reference's run had none); setup has none.

@@ -1,0 +1,311 @@
+"""Steps on a cluster, measured side by side in one run (issue 19, point 11).
+
+    .venv/bin/python scripts/bench_cluster.py [--rounds 3] [--steps 6] [--kills 3]
+
+Everything is real: ``flower-super cluster up`` (the Temporal dev server, a PostgreSQL with
+fsync on, ``flower-super worker`` processes), ``flower-super start`` with the real CLI, and
+the scripted model server as the API. Three figures:
+
+1. **The marginal step** (goal: through Temporal at most 1.25x the local fork): an N-step
+   flow (scripts/bench_supervisor.py's, one text turn a step) with ``FLOWER_STATE`` set, once
+   forked here and once with ``FLOWER_PLACEMENT`` on one worker, alternating which goes
+   first each round; a step costs the time from its start to the next step's start (the
+   manifest rows), the first step left out (the flow's fixed cost).
+2. **Fan-out** (goal: 4 workers at most 0.35x the wall time of 1 worker): a map step over 8
+   items whose model answers take 4 s each, ``concurrency=8``, on a cluster of 1 worker and
+   on one of 4 (one slot each); the map step's span from the first item's start to the last
+   item's end.
+3. **Takeover** (goal: at most 10 s): a one-step flow on a cluster of 4 workers whose first
+   model answer never comes; when the request has arrived, SIGKILL of the worker running it
+   (the one ``status`` names), and the time to the resumed attempt's first request at the
+   model server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(ROOT))
+
+from flower.testing.cli_env import cli_env  # noqa: E402
+from flower.testing.model_server import ModelServer  # noqa: E402
+
+STEP_GOAL, FAN_GOAL, TAKEOVER_GOAL = 1.25, 0.35, 10.0
+ITEMS, ITEM_DELAY_S = 8, 4.0
+
+MAP_SRC = """
+from flower.agents.agent import AgentSpec
+from flower.workflow import MapStep, Workflow
+spec = AgentSpec(name="bench", instructions="answer briefly", allowed_tools=[])
+flow = Workflow(
+    [MapStep("each", spec, prompt=lambda ctx, item: f"[[slow]] item {item}", over="items",
+             concurrency=8)],
+    name="fan", continuous=False, context={"items": list(range(8))},
+)
+"""
+
+# A worker imports the flow file itself, in its own environment: what varies is written
+# into the file, never read from the supervisor's environment.
+STEPS_SRC = """
+from flower.agents.agent import AgentSpec
+from flower.workflow import Step, Workflow
+spec = AgentSpec(name="bench", instructions="answer briefly", allowed_tools=[])
+flow = Workflow([Step(f"s{{i}}", spec, f"[[bench]] step {{i}}") for i in range({n})],
+                name="bench", continuous=False)
+"""
+
+KILL_SRC = """
+from flower.agents.agent import AgentSpec
+from flower.workflow import Step, Workflow
+spec = AgentSpec(name="bench", instructions="answer briefly", allowed_tools=[])
+flow = Workflow([Step("wait", spec, "[[{mark}]] go")], name="kill", continuous=False)
+"""
+
+
+def script(kills: int) -> dict[str, Any]:
+    slow = {"name": "slow", "match": {"marker": "[[slow]]"}}
+    slow["turns"] = [{"text": "slow done.", "delay": ITEM_DELAY_S}]
+    out: dict[str, Any] = {"conversations": [slow], "default": ["ok."]}
+    for k in range(kills):
+        out["conversations"].append(
+            {
+                "name": f"kill{k}",
+                "match": {"marker": f"[[kill{k}]]"},
+                "turns": [{"text": "never.", "delay": 300, "times": 1}, {"text": "resumed."}],
+            }
+        )
+    return out
+
+
+class Bench:
+    def __init__(self, root: Path, server: ModelServer) -> None:
+        self.root = root
+        self.server = server
+        self.env = {**cli_env(root / "home", server.url), "PYTHONPATH": str(ROOT)}
+        for name in ("FLOWER_STATE", "FLOWER_PLACEMENT"):
+            self.env.pop(name, None)
+        (root / "fan.py").write_text(MAP_SRC)
+        self.n = 0
+
+    # -- the cluster ---------------------------------------------------------------------
+
+    def up(self, workers: int) -> Any:
+        from supervisor.cluster import up
+
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)  # what the workers inherit: this machine's credentials
+        try:
+            cluster = up(self.root / f"cluster-{workers}", workers, lambda line: None)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return cluster
+
+    def down(self, cluster: Any) -> None:
+        from supervisor.cluster import down
+
+        down(cluster.dir, lambda line: None)
+
+    # -- one flow --------------------------------------------------------------------------
+
+    def start(self, cluster: Any, flow: str, placed: bool) -> tuple[Path, Any]:
+        self.n += 1
+        ws = self.root / f"ws-{self.n}"
+        ws.mkdir()
+        env = {**self.env, "FLOWER_STATE": cluster.state}
+        if placed:
+            env["FLOWER_PLACEMENT"] = cluster.placement
+        cmd = [sys.executable, "-m", "supervisor", "start", "--flow", f"{self.root / flow}:flow"]
+        cmd += ["-w", str(ws), "-r", str(ws / "runs")]
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        return ws, proc
+
+    def flow(self, name: str, src: str) -> str:
+        path = self.root / name
+        if not path.exists():
+            path.write_text(src)
+        return name
+
+    def run(self, cluster: Any, flow: str, placed: bool) -> list[dict[str, Any]]:
+        ws, proc = self.start(cluster, flow, placed)
+        out, _ = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"{flow} exited {proc.returncode}:\n{out[-3000:]}")
+        return self.rows(cluster, ws)
+
+    def rows(self, cluster: Any, ws: Path) -> list[dict[str, Any]]:
+        state = self.state(cluster, ws)
+        try:
+            return list(state.manifest_rows())
+        finally:
+            state.close()
+
+    def state(self, cluster: Any, ws: Path) -> Any:
+        from flower.state.backends import open_state
+
+        return open_state(cluster.state, run_dir=ws / "runs", workspace=ws, create=False)
+
+
+# ---- 1. the marginal step ------------------------------------------------------------------
+
+
+def marginal_step(b: Bench, cluster: Any, rounds: int, steps: int) -> list[str]:
+    samples: dict[str, list[float]] = {"local fork": [], "Temporal": []}
+
+    def flow(kind: str, n: int) -> list[float]:
+        rows = b.run(cluster, b.flow(f"steps{n}.py", STEPS_SRC.format(n=n)), kind == "Temporal")
+        starts = [row["started_at"] for row in rows]
+        return [y - x for x, y in itertools.pairwise(starts)][1:]
+
+    for kind in samples:  # warm: bytecode, the CLI's first run, the worker's first fork
+        flow(kind, 2)
+    for r in range(rounds):
+        for kind in samples if r % 2 == 0 else reversed(list(samples)):
+            samples[kind] += flow(kind, steps)
+        say(f"step round {r + 1}/{rounds}")
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    out = [f"1. one more step, {rounds} flows of {steps} steps each way (ms)"]
+    out.append(f"   {'':<11}{'n':>4}{'median':>9}{'p10':>8}{'p90':>8}")
+    for k, xs in samples.items():
+        q = statistics.quantiles(xs, n=10) if len(xs) > 1 else xs
+        cells = f"{med[k] * 1000:>9.0f}{q[0] * 1000:>8.0f}{q[-1] * 1000:>8.0f}"
+        out.append(f"   {k:<11}{len(xs):>4}{cells}")
+    ratio = med["Temporal"] / med["local fork"]
+    out.append(f"   ratio {ratio:.2f}x ({verdict(ratio <= STEP_GOAL)} the goal of {STEP_GOAL}x)")
+    return out
+
+
+# ---- 2. fan-out ----------------------------------------------------------------------------
+
+
+def fan_out(b: Bench, cluster: Any) -> float:
+    rows = [r for r in b.run(cluster, "fan.py", True) if str(r["step"]).startswith("each[")]
+    if len(rows) != ITEMS or not all(r["ok"] for r in rows):
+        raise SystemExit(f"the map did not run its {ITEMS} items once each: {rows}")
+    return max(r["started_at"] + r["duration_s"] for r in rows) - min(r["started_at"] for r in rows)
+
+
+# ---- 3. takeover -----------------------------------------------------------------------------
+
+
+def takeover(b: Bench, cluster: Any, k: int) -> float:
+    import psutil
+
+    mark = f"kill{k}"
+    ws, proc = b.start(cluster, b.flow(f"{mark}.py", KILL_SRC.format(mark=mark)), True)
+    try:
+        first = wait(lambda: asked(b, mark), 120, f"{mark}'s first request")
+        pid = wait(lambda: placed_pid(b, cluster, ws), 30, f"{mark}'s worker")
+        assert "worker" in " ".join(psutil.Process(pid).cmdline())
+        killed = time.time()
+        os.kill(pid, signal.SIGKILL)
+        again = wait(lambda: asked(b, mark)[len(first) :], 60, f"{mark}'s resumed request")
+        took = again[0].time - killed
+        out, _ = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise SystemExit(f"the killed worker's flow exited {proc.returncode}:\n{out[-3000:]}")
+        return took
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def asked(b: Bench, mark: str) -> list[Any]:
+    return [r for r in b.server.requests if r.conversation == mark]
+
+
+def placed_pid(b: Bench, cluster: Any, ws: Path) -> int | None:
+    state = b.state(cluster, ws)
+    try:
+        for record in state.registry.records():
+            where = record.placed.get("wait")
+            if where and where.get("pid"):
+                return int(where["pid"])
+    finally:
+        state.close()
+    return None
+
+
+def wait(probe: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def verdict(ok: bool) -> str:
+    return "within" if ok else "NOT within"
+
+
+def say(line: str) -> None:
+    print(f"  done: {line}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--kills", type=int, default=3)
+    args = parser.parse_args()
+    out: list[str] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp,
+        ModelServer(script(args.kills)) as server,
+    ):
+        b = Bench(Path(tmp), server)
+        one = b.up(1)
+        try:
+            out += marginal_step(b, one, args.rounds, args.steps)
+            alone = fan_out(b, one)
+            say("map on 1 worker")
+        finally:
+            b.down(one)
+        four = b.up(4)
+        try:
+            spread = fan_out(b, four)
+            say("map on 4 workers")
+            takeovers = []
+            for k in range(args.kills):
+                takeovers.append(takeover(b, four, k))
+                say(f"kill {k + 1}/{args.kills}")
+        finally:
+            b.down(four)
+    ratio = spread / alone
+    out.append(f"\n2. a map of {ITEMS} items, {ITEM_DELAY_S:g} s model answers, concurrency 8")
+    out.append(f"   1 worker  {alone:6.1f} s")
+    out.append(f"   4 workers {spread:6.1f} s")
+    out.append(f"   ratio {ratio:.2f}x ({verdict(ratio <= FAN_GOAL)} the goal of {FAN_GOAL}x)")
+    worst = max(takeovers)
+    out.append(
+        f"\n3. SIGKILL of the worker -> the resumed attempt's first request ({args.kills} kills)"
+    )
+    out.append("   " + ", ".join(f"{x:.1f} s" for x in takeovers))
+    out.append(
+        f"   median {statistics.median(takeovers):.1f} s, worst {worst:.1f} s "
+        f"({verdict(worst <= TAKEOVER_GOAL)} the goal of {TAKEOVER_GOAL:g} s)"
+    )
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
