@@ -40,7 +40,7 @@ WEIGHT = {
     "test_e2e_memo.py": 60,
     "test_e2e_prepare.py": 55,
     "test_e2e_flower.py": 53,
-    "test_e2e_kill.py": 47,
+    "test_e2e_kill.py": 100,  # every drill twice: local state, then FLOWER_STATE on PostgreSQL
     "test_e2e_starter.py": 44,
     "test_e2e_roles.py": 35,
     "test_e2e_cli.py": 27,
@@ -49,6 +49,7 @@ WEIGHT = {
     "test_e2e_ctrlc.py": 15,
     # PostgreSQL: a database per test (CREATE DATABASE), a server of their own (outage)
     "test_pg_outage.py": 40,
+    "test_e2e_pg_outage.py": 30,  # a 10 s outage of its own server in the middle of a step
     "test_pg_store.py": 30,
     "test_pg_rows.py": 20,
     "test_pg_server.py": 15,

@@ -51,6 +51,18 @@ define(
             "-- 在同一个目录再跑一次会从这里接着做。",
             "-- run it again in the same directory and it carries on from here.",
         ),
+        "start.state_waiting": (
+            "~ 状态库 {where} 还连不上:等它收下暂存在本机的记录再结束"
+            "(Ctrl-C 就先留在本机,下次 flower 连上时补交)",
+            "~ the state database {where} is still unreachable: waiting for it to take what "
+            "was kept on this machine (Ctrl-C leaves it here; the next flower to connect "
+            "delivers it)",
+        ),
+        "start.state_left": (
+            "! 状态库 {where} 一直没恢复:记录留在本机,下次 flower 连上时补交",
+            "! the state database {where} did not come back: what was kept stays on this "
+            "machine, and the next flower to connect delivers it",
+        ),
         "start.done": (
             "-- 完成 · 第 {woke} 次唤醒 · run {run}",
             "-- done · wake {woke} · run {run}",
@@ -259,6 +271,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         # Before rt.drain(): an oracle's attempt is a child of the same placement.
         await term.oracle.drain()
         await rt.drain()
+    await _settle_state(rt, term)
     failed = [name for name, r in ctx["_results"].items() if not r.ok]
     if rt.record is not None and rt.record.state != "finished":
         stopped = ctx.get("_failed_at") or (failed[-1] if failed else "?")
@@ -272,6 +285,18 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         term.say(line)
     term.closing(rt)
     return 0
+
+
+async def _settle_state(rt: Runtime, term: Terminal) -> None:
+    """A state database that was down during the run kept this run's writes (and those of
+    step children that ended meanwhile) on this machine: the run ends once the database
+    holds them, waiting for it as a step waits for the API. Off the event loop, so Ctrl-C
+    and SIGTERM still act at once (what was kept stays on the machine, durable)."""
+    if await asyncio.to_thread(rt.settle_state, 0.0):
+        return
+    term.say(t("start.state_waiting", where=rt.state.where))
+    if not await asyncio.to_thread(rt.settle_state, rt.resilience.max_offline_wait):
+        term.say(t("start.state_left", where=rt.state.where))
 
 
 async def _heartbeat(rt: Runtime) -> None:

@@ -25,6 +25,7 @@ from flower.testing.pytest_temporal import temporal_queue, temporal_target  # no
 # Both session backends, for the store layers' rules checked on each (tests/backends.py).
 from tests.backends import backend  # noqa: F401
 from tests.e2e import Flower
+from tests.e2e_pg import PgFlower
 
 
 @pytest.fixture(autouse=True)
@@ -36,11 +37,18 @@ def _seed_language(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def flower_env(tmp_path: Path) -> Iterator[Callable[..., Flower]]:
-    """A workspace/run_dir/CLI home wired to a model server; every process reaped at teardown."""
+    """A workspace/run_dir/CLI home wired to a model server; every process reaped at teardown.
+    ``state=URL``: the run state in that PostgreSQL database (``FLOWER_STATE``,
+    tests/e2e_pg.py); None or absent: local files in the run_dir."""
     made: list[Flower] = []
 
-    def make(server: ModelServer, **kw: Any) -> Flower:
-        f = Flower(tmp_path / f"f{len(made)}", server, **kw)
+    def make(server: ModelServer, *, state: str | None = None, **kw: Any) -> Flower:
+        root = tmp_path / f"f{len(made)}"
+        f = (
+            Flower(root, server, **kw)
+            if state is None
+            else PgFlower(root, server, state=state, **kw)
+        )
         made.append(f)
         return f
 

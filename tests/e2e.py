@@ -148,6 +148,11 @@ class Flower:
     def rows(self, step: str) -> list[dict[str, Any]]:
         return [r for r in self.manifest() if r["step"] == step]
 
+    def assert_state_home(self) -> None:
+        """The run state is where this backend keeps it: the run_dir's files (local)."""
+        for name in ("sessions.db", "lineage.json", "manifest.json"):
+            assert (self.runs / name).is_file(), f"{name} missing from the run_dir"
+
     # -- processes --------------------------------------------------------------------
 
     def step_child(self, sup_pid: int) -> psutil.Process | None:

@@ -2,6 +2,11 @@
 
 Each drill kills something for real and then judges by what persists (lineage, manifest,
 workspace files), what the model server received, exit codes, and the process table.
+
+Every drill runs twice (``state``): with local state (the run_dir's files) and with
+``FLOWER_STATE`` naming a fresh PostgreSQL database of its own, where lineage, manifest and
+transcripts are read by SQL (tests/e2e_pg.py) and no ``sessions.db``, ``lineage.json`` or
+``manifest.json`` may appear under the run_dir.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import signal
 import pytest
 
 from tests.e2e import Flower, kill, wait_until
+from tests.e2e_pg import STATES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # two flower runs of real CLI turns each
 
@@ -38,6 +44,13 @@ def waiting_on(server, conversation: str, turn: int) -> None:
     )
 
 
+@pytest.fixture(params=STATES)
+def state(request: pytest.FixtureRequest) -> str | None:
+    """Where the drill's flower keeps its run state: None (local files), or the URL of a
+    PostgreSQL database made for this test."""
+    return request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
+
+
 def no_api_error_sent(server) -> None:
     for req in server.requests:
         assert not any("API Error" in t for t in req.texts()), (
@@ -45,13 +58,13 @@ def no_api_error_sent(server) -> None:
         )
 
 
-def test_kill9_supervisor_waiting_on_model(model_server, flower_env):
+def test_kill9_supervisor_waiting_on_model(model_server, flower_env, state):
     server = model_server(
         script(
             [bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]
         )
     )
-    f: Flower = flower_env(server)
+    f: Flower = flower_env(server, state=state)
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 1)
     before = f.lineage()["steps"]
@@ -84,14 +97,15 @@ def test_kill9_supervisor_waiting_on_model(model_server, flower_env):
     assert [r["ok"] for r in f.rows("second")] == [True]
     no_api_error_sent(server)
     f.assert_no_survivors()
+    f.assert_state_home()
 
 
-def test_kill9_supervisor_during_tool_call(model_server, flower_env):
+def test_kill9_supervisor_during_tool_call(model_server, flower_env, state):
     slow = (
         "python3 -c \"import pathlib,time; pathlib.Path('tool.started').touch(); time.sleep(300)\""
     )
     server = model_server(script([bash(slow), {"text": "second done."}]))
-    f: Flower = flower_env(server)
+    f: Flower = flower_env(server, state=state)
     proc = f.start(flow=FLOW)
     wait_until(lambda: (f.ws / "tool.started").exists(), 60, "the slow tool to start")
     sid = f.lineage()["steps"]["second"]
@@ -114,14 +128,22 @@ def test_kill9_supervisor_during_tool_call(model_server, flower_env):
         if b.get("type") == "tool_result"
     ]
     assert results, "the interrupted tool call has no tool_result on resume"
+    assert not [r for r in server.requests if r.seq > killed_at and r.conversation == "first"], (
+        "a finished step was sent to the model again"
+    )
+    assert f.lineage()["steps"]["second"] == sid
     no_api_error_sent(server)
+    f.assert_no_survivors()
+    f.assert_state_home()
 
 
-def test_kill9_while_the_first_request_waits_continues_that_session(model_server, flower_env):
+def test_kill9_while_the_first_request_waits_continues_that_session(
+    model_server, flower_env, state
+):
     # Issue 9: a step killed while its very first request waits (a clarifier thinking) is
     # continued, not started again: lineage names the session once sessions.db holds it.
     server = model_server(script([{"text": "second done.", "delay": HOLD, "times": 1}]))
-    f: Flower = flower_env(server)
+    f: Flower = flower_env(server, state=state)
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 0)
     doomed = next(r.session_id for r in server.requests if r.conversation == "second")
@@ -144,15 +166,17 @@ def test_kill9_while_the_first_request_waits_continues_that_session(model_server
     assert rows[1]["cost_usd"] == 0
     assert rows[1]["saved_usd"] == pytest.approx(rows[0]["cost_usd"], abs=1e-6)
     no_api_error_sent(server)
+    f.assert_no_survivors()
+    f.assert_state_home()
 
 
-def test_kill9_step_child_is_resumed_in_a_new_child(model_server, flower_env):
+def test_kill9_step_child_is_resumed_in_a_new_child(model_server, flower_env, state):
     server = model_server(
         script(
             [bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]
         )
     )
-    f: Flower = flower_env(server)
+    f: Flower = flower_env(server, state=state)
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 1)
     child = wait_until(lambda: f.step_child(proc.pid), 10, "the step child")
@@ -167,16 +191,17 @@ def test_kill9_step_child_is_resumed_in_a_new_child(model_server, flower_env):
     assert row["session_id"] == sid and f.lineage()["steps"]["second"] == sid
     assert (f.ws / "counter.txt").read_text().splitlines() == ["ran"]
     f.assert_no_survivors()
+    f.assert_state_home()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_term_and_hup_write_one_killed_row_and_die_of_it(model_server, flower_env, sig):
+def test_term_and_hup_write_one_killed_row_and_die_of_it(model_server, flower_env, state, sig):
     server = model_server(
         script(
             [bash("echo ran >> counter.txt"), {"text": "second done.", "delay": HOLD, "times": 1}]
         )
     )
-    f: Flower = flower_env(server)
+    f: Flower = flower_env(server, state=state)
     proc = f.start(flow=FLOW)
     waiting_on(server, "second", 1)
     assert kill(proc, sig) == -sig  # died of the signal: a shell sees 128+n
@@ -190,3 +215,5 @@ def test_term_and_hup_write_one_killed_row_and_die_of_it(model_server, flower_en
     code, out = f.run(flow=FLOW)
     assert code == 0, out
     assert [r["error"] for r in f.rows("second")] == ["killed-by-signal", None]
+    f.assert_no_survivors()
+    f.assert_state_home()

@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -182,6 +183,83 @@ def test_a_live_writer_spools_in_order_and_delivers_when_the_server_is_back(
         assert asyncio.run(store.load(KEY)) == [e(i) for i in range(6)]
     finally:
         store.close()
+
+
+def test_a_run_s_rows_written_during_an_outage_are_kept_and_delivered_in_order(
+    server: PgServer, dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A step goes on through an outage; the supervisor's manifest rows, registry record and
+    # events of that time must not be lost (nor cost a second line on the terminal).
+    state = PostgresState(dsn)
+    try:
+        state.events.append("r1", {"n": 0})
+        server.down()
+        with caplog.at_level(logging.WARNING, logger="flower"):
+            state.events.append("r1", {"n": 1})  # no raise: kept on this machine
+            state.manifest.append("ws", {"step": "a", "ok": True})
+            kept_at = time.time()
+            state.registry.write({"run": "r1", "workspace_id": "ws", "state": "finished"})
+            state.events.append("r1", {"n": 2})
+        warned = [r.getMessage() for r in caplog.records if r.name == "flower"]
+        assert len(warned) == 1 and "PostgreSQL" in warned[0], warned
+        server.up()
+        wait_until(lambda: spooled(tmp_path) == [])  # the process's own thread delivered
+        assert [e["n"] for _, e in state.events.read("r1")] == [0, 1, 2]
+        assert state.manifest.rows("ws") == [{"step": "a", "ok": True}]
+        (record,) = state.registry.records("ws")
+        assert record["state"] == "finished"
+        # the heartbeat of a record delivered late is when it was written, not delivered
+        assert kept_at <= record["heartbeat_at"] <= kept_at + 1, (kept_at, record)
+    finally:
+        state.close()
+
+
+def test_the_connection_back_after_an_outage_delivers_a_dead_process_s_spool(
+    server: PgServer, dsn: str, tmp_path: Path, writers: Callable[..., Writer]
+) -> None:
+    # A step child whose attempt ended during the outage left its spool; the supervisor,
+    # spooling too, reconnects in its delivering thread: that connection delivers the
+    # child's spool as every new connection does, with no call of ours.
+    store = PostgresSessionStore(dsn)
+    try:
+        child = writers(dsn)
+        assert child.ask("append 0 2") == "appended 2"
+        server.down()
+        assert child.ask("append 2 5") == "appended 5"  # spooled
+        child.kill()
+        other = {"project_key": "proj", "session_id": "other"}
+        asyncio.run(store.append(other, [e(9)]))  # type: ignore[arg-type,list-item]
+        server.up()  # this process's thread delivers its spool on a connection of its own
+        wait_until(lambda: stored(dsn) == [0, 1, 2, 3, 4])
+        wait_until(lambda: spooled(tmp_path) == [])
+    finally:
+        store.close()
+
+
+def test_settle_waits_for_the_database_to_take_what_was_kept(
+    server: PgServer, dsn: str, tmp_path: Path, writers: Callable[..., Writer]
+) -> None:
+    state = PostgresState(dsn)
+    try:
+        assert state.settle(0)  # nothing kept: at once
+        child = writers(dsn)
+        server.down()
+        assert child.ask("append 0 2") == "appended 2"
+        child.kill()  # a step child that ended during the outage
+        state.manifest.append("ws", {"step": "a"})
+        assert not state.settle(0)  # still down: both spools wait
+        assert len(spooled(tmp_path)) == 2
+        back = threading.Timer(1.0, server.up)
+        back.start()
+        try:
+            assert state.settle(60)
+        finally:
+            back.join()
+        assert spooled(tmp_path) == []
+        assert stored(dsn) == [0, 1]
+        assert state.manifest.rows("ws") == [{"step": "a"}]
+    finally:
+        state.close()
 
 
 def test_a_read_delivers_this_process_s_spool_first(server: PgServer, dsn: str) -> None:

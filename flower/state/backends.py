@@ -152,6 +152,10 @@ class LocalState:
 
         return events_path(self.run_dir, run_id)
 
+    def settle(self, timeout: float) -> bool:
+        """Files are written where they belong as they happen: nothing is ever waiting."""
+        return True
+
     def close(self) -> None:
         if self._sessions is not None:
             self._sessions.close()
@@ -249,6 +253,12 @@ class SharedState:
 
     def events_of(self, run_id: str) -> Any:
         return (self.rows.events, run_id)
+
+    def settle(self, timeout: float) -> bool:
+        """What an outage of the database left on this machine (this process's spool, and
+        the spools of step children that ended meanwhile), delivered once it is back:
+        waits up to ``timeout`` s; True when nothing is left on the machine."""
+        return bool(self.rows.settle(timeout))
 
     def close(self) -> None:
         self.rows.close()

@@ -210,6 +210,12 @@ class Runtime:
             self._manifest = self.state.manifest(self.run_id)
         return self._manifest
 
+    def settle_state(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until the run state holds everything this run wrote: a
+        database that was down kept writes on this machine and takes them once it is
+        back. True at once for local files, and when nothing is waiting."""
+        return bool(self.state.settle(timeout))
+
     def close(self) -> None:
         """Close the stores (the only cleanup a double Ctrl-C still does)."""
         close = getattr(self.store, "close", None)

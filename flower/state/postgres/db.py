@@ -8,14 +8,17 @@ spool's order whole). A forked child never touches its parent's socket: the at-f
 abandons the inherited connection (kept referenced, so it is never closed or collected in
 the child: closing it would end the parent's session) and the child opens its own.
 
-Writes that must not be lost (transcript appends and the tool ledger, :mod:`.fenced`) go
-through :meth:`Database.write`: to the database, or, when it cannot be reached, to this
-process's spool (:mod:`.spool`), and every later write of the process behind them, until a
-background thread has delivered the spool in order. Reads (:meth:`Database.run`) deliver
-what this process spooled first, so a process always reads its own writes. Connecting
-(the first time in a process, and after every outage) first delivers the spools of dead
-processes. The other row stores (lineage, manifest, ...) are not spooled: their writes raise
-:class:`PostgresUnavailable` during an outage, for the caller to wait and retry.
+Writes that must not be lost (transcript appends and the tool ledger, :mod:`.fenced`; the
+run's manifest rows, registry records and events, :mod:`.kept`) go through
+:meth:`Database.write`: to the database, or, when it cannot be reached, to this process's
+spool (:mod:`.spool`), and every later write of the process behind them, until a background
+thread has delivered the spool in order. Reads (:meth:`Database.run`) deliver what this
+process spooled first, so a process always reads its own writes. Connecting (the first time
+in a process, and after every outage, the delivering thread's connection included) first
+delivers the spools of dead processes. :meth:`Database.settle` waits for the database to
+take all of that before a run ends. The other row stores (lineage, the cache) are not
+spooled: their writes raise :class:`PostgresUnavailable` during an outage, for the caller to
+wait and retry.
 
 Async callers (the SDK's ``SessionStore`` methods) run their work on one worker thread per
 process (:meth:`Database.call`): first in, first out, so one process's appends reach the
@@ -44,7 +47,8 @@ from ...i18n import define, t
 from ...util.fsutil import set_aside
 from ..errors import StateUnavailable, Superseded
 from . import schema
-from .fenced import OPS
+from .fenced import OPS as FENCED_OPS
+from .kept import OPS as KEPT_OPS
 from .spool import Record, SpoolFile, orphans, spool_dir
 from .url import StateURL
 
@@ -198,6 +202,9 @@ def connect_error(exc: psycopg.Error, url: StateURL) -> FlowerError:
     )
 
 
+#: Every write that goes through :meth:`Database.write`, by the name its spool records use.
+OPS = {**FENCED_OPS, **KEPT_OPS}
+
 # The spool's delivered mark, created at 0 and locked to the commit (DO UPDATE locks the row).
 _SPOOL_MARK = """
     INSERT INTO {s}.spools AS m (spool, delivered) VALUES (%s, 0)
@@ -301,6 +308,13 @@ class Database:
     def _install(self, conn: Conn) -> Conn:
         """Make ``conn`` this process's connection, delivering dead processes' spools."""
         self._conn = conn
+        self._deliver_orphans(conn)
+        return conn
+
+    def _deliver_orphans(self, conn: Conn) -> None:
+        """Deliver the spools of dead processes (called with the lock held). One the
+        database refuses is kept for later, one that cannot be read is set aside; raises
+        :class:`PostgresUnavailable` when the database goes away meanwhile."""
         for orphan in orphans(spool_dir(self.url.database_key)):
             try:
                 self._deliver(conn, orphan, limit=None)
@@ -316,7 +330,6 @@ class Database:
                 self._set_aside(orphan, exc)
             finally:
                 orphan.close()
-        return conn
 
     @staticmethod
     def _set_aside(spool: SpoolFile, exc: BaseException) -> None:
@@ -367,6 +380,48 @@ class Database:
         if worker is not None:
             worker.shutdown(wait=False)
 
+    def settle(self, timeout: float) -> bool:
+        """Deliver what this process kept in its spool during an outage and the spools that
+        dead processes left for this database (a step child whose attempt ended during the
+        outage), waiting for the database up to ``timeout`` seconds. True when nothing of
+        either is left; at once, with no connection made, when there was nothing.
+
+        A spool the database refuses for another reason than being down is kept for a
+        later process (:meth:`_install`'s warning) and not waited for."""
+        directory = spool_dir(self.url.database_key)
+        deadline = time.monotonic() + max(0.0, timeout)
+        pause = PROBE_FIRST_S
+        while True:
+            with self.lock:
+                if self._pid != os.getpid():
+                    self._forked()
+                if self._spool is None and not _orphans_left(directory):
+                    return True
+                try:
+                    conn = self._connection()  # a new one delivers the orphans first
+                    try:
+                        self._deliver_orphans(conn)  # those that died since it was made
+                        if self._drain(conn):
+                            return True
+                    except psycopg.Error as exc:
+                        failure = self._failed(conn, exc)
+                        if not isinstance(failure, StateUnavailable):
+                            # refused, not down: the deliverer keeps trying (and says so)
+                            log.warning(
+                                "%s", t("state.pg.spool_stuck", spool=directory, why=failure)
+                            )
+                            return False
+                        raise failure from None
+                except StateUnavailable:
+                    pass  # down: wait and look again
+                except FlowerError:
+                    return False  # a database this process cannot use: nothing to wait for
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, PROBE_MAX_S)
+
     # ---- reading and writing ---------------------------------------------------------
 
     def run(self, work: Callable[[Conn], T]) -> T:
@@ -395,8 +450,9 @@ class Database:
                 raise self._failed(conn, exc) from None
 
     def write(self, op: str, epoch: int, args: dict[str, Any], parsed: Any = None) -> None:
-        """The fenced write ``OPS[op]``: to the database, or into the spool when it cannot
-        be reached or this process has spooled writes not delivered yet.
+        """The write ``OPS[op]`` (fenced, or kept: :mod:`.kept`): to the database, or into
+        the spool when it cannot be reached or this process has spooled writes not
+        delivered yet.
 
         Raises :class:`~flower.state.seam.Superseded` (written directly and refused),
         OSError (the spool cannot be written either), or what the database says."""
@@ -455,22 +511,41 @@ class Database:
                 live = conn is not None and not (conn.closed or conn.broken)
             if not live:
                 try:
-                    fresh: Conn | None = self._connect()  # outside the lock: it can take a while
+                    made = self._connect()  # outside the lock: it can take a while
                 except FlowerError:
                     time.sleep(pause)
                     pause = min(pause * 2, PROBE_MAX_S)
                     continue
+                installed = True
+                spare: Conn | None = made
                 with self.lock:
                     if self._conn is None or self._conn.closed or self._conn.broken:
                         self._drop()
-                        self._conn, fresh = fresh, None
-                if fresh is not None:
-                    fresh.close()
+                        installed = self._reinstall(made)
+                        spare = None
+                if spare is not None:
+                    spare.close()
+                if not installed:
+                    time.sleep(pause)
+                    pause = min(pause * 2, PROBE_MAX_S)
+                    continue
             if self._deliver_some():
                 pause = PROBE_FIRST_S
                 continue
             time.sleep(pause)
             pause = min(pause * 2, PROBE_MAX_S)
+
+    def _reinstall(self, conn: Conn) -> bool:
+        """The deliverer's new connection after an outage, installed as every connection
+        is: the spools that processes left when they died during the outage (a step child
+        whose attempt ended meanwhile) are delivered first. False when the database went
+        away again meanwhile (the connection is dropped)."""
+        try:
+            self._install(conn)
+        except FlowerError:
+            self._drop()
+            return False
+        return True
 
     def _deliver_some(self) -> bool:
         """One batch of the spool (and any orphans, on a new connection); False when the
@@ -553,6 +628,14 @@ class Database:
         self._deliverer = None
         self._worker = None
         self._pid = os.getpid()
+
+
+def _orphans_left(directory: Any) -> bool:
+    """Is there a spool of a dead process in ``directory`` (one nobody holds)?"""
+    for orphan in orphans(directory):
+        orphan.close()
+        return True
+    return False
 
 
 def _after_fork_in_child() -> None:

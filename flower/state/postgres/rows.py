@@ -2,12 +2,14 @@
 and event log (the protocols and what each row holds: :mod:`flower.state.seam`).
 
 The ledger is fenced like the session its calls belong to and spooled during an outage
-(:mod:`.fenced`, :mod:`.db`); the others raise
-:class:`~flower.state.postgres.PostgresUnavailable` while the database cannot be reached,
-for their caller to wait and retry. Read-modify-write blocks (:meth:`LineageRows.update`,
-:meth:`RegistryRows.locked`) run in one transaction under an advisory lock keyed by the
-workspace, holding this process's connection for the block: call no coroutine of the store
-from inside one (the worker thread would wait for the block, and the block for it).
+(:mod:`.fenced`, :mod:`.db`); manifest rows, registry records and events are spooled too
+(:mod:`.kept`), so a step that runs through an outage loses none of them; the others
+(lineage, the cache, every read) raise :class:`~flower.state.postgres.PostgresUnavailable`
+while the database cannot be reached, for their caller to wait and retry. Read-modify-write
+blocks (:meth:`LineageRows.update`, :meth:`RegistryRows.locked`) run in one transaction
+under an advisory lock keyed by the workspace, holding this process's connection for the
+block: call no coroutine of the store from inside one (the worker thread would wait for the
+block, and the block for it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from psycopg.types.json import Json
 
 from ..records import LedgerRow, LineageDoc
 from .db import Conn, Database
+from .kept import LIVE, NOW
 
 if TYPE_CHECKING:
     from .sessions import PostgresSessionStore
@@ -37,7 +40,6 @@ __all__ = [
 ]
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-_NOW = "extract(epoch FROM clock_timestamp())::double precision"
 
 
 def _lock(conn: Conn, db: Database, what: str, workspace_id: str) -> None:
@@ -170,8 +172,8 @@ class PostgresManifestRows:
         self._db = db
 
     def append(self, workspace_id: str, row: dict[str, Any]) -> None:
-        sql = self._db.sql("INSERT INTO {s}.manifest (workspace_id, row) VALUES (%s, %s::json)")
-        self._db.run(lambda conn: conn.execute(sql, (workspace_id, Json(row))))
+        """Kept through an outage (:mod:`.kept`): never raises for a database that is down."""
+        self._db.write("manifest.append", 0, {"workspace_id": workspace_id, "row": row}, LIVE)
 
     def rows(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
         where, params = _of_workspace(workspace_id)
@@ -196,23 +198,17 @@ class PostgresRegistryRows:
         self.host = socket.gethostname()
 
     def write(self, record: dict[str, Any]) -> None:
-        sql = self._db.sql(
-            "INSERT INTO {s}.registry (run, workspace_id, started_at, host, heartbeat_at, record)"
-            f" VALUES (%s, %s, %s, %s, {_NOW}, %s::json) ON CONFLICT (run) DO UPDATE SET"
-            " workspace_id = EXCLUDED.workspace_id, started_at = EXCLUDED.started_at,"
-            " host = EXCLUDED.host, heartbeat_at = EXCLUDED.heartbeat_at,"
-            " record = EXCLUDED.record"
-        )
-        kept = {k: v for k, v in record.items() if k not in ("host", "heartbeat_at")}
-        workspace_id = record.get("workspace_id") or record.get("workspace")
-        params = (
-            str(record["run"]),
-            workspace_id,
-            float(record.get("started_at") or 0.0),
-            self.host,
-            Json(kept),
-        )
-        self._db.run(lambda conn: conn.execute(sql, params))
+        """Insert or replace the run's record. Kept through an outage (:mod:`.kept`): never
+        raises for a database that is down."""
+        args = {
+            "run": str(record["run"]),
+            "workspace_id": record.get("workspace_id") or record.get("workspace"),
+            "started_at": float(record.get("started_at") or 0.0),
+            "host": self.host,
+            "record": {k: v for k, v in record.items() if k not in ("host", "heartbeat_at")},
+            "at": time.time(),
+        }
+        self._db.write("registry.write", 0, args, LIVE)
 
     def get(self, run: str) -> dict[str, Any] | None:
         sql = "SELECT record, host, heartbeat_at FROM {s}.registry WHERE run = %s"
@@ -232,7 +228,7 @@ class PostgresRegistryRows:
         self._db.run(lambda conn: conn.execute(sql, (run,)))
 
     def heartbeat(self, run: str) -> None:
-        sql = self._db.sql(f"UPDATE {{s}}.registry SET heartbeat_at = {_NOW} WHERE run = %s")
+        sql = self._db.sql(f"UPDATE {{s}}.registry SET heartbeat_at = {NOW} WHERE run = %s")
         self._db.run(lambda conn: conn.execute(sql, (run,)))
 
     @contextlib.contextmanager
@@ -300,12 +296,9 @@ class PostgresEventRows:
         self.channel = f"{db.sql.schema}_events"  # the schema name is an identifier already
 
     def append(self, run: str, event: dict[str, Any]) -> None:
-        sql = self._db.sql(
-            "WITH ins AS (INSERT INTO {s}.events (run, event) VALUES (%s, %s::json) RETURNING pos)"
-            " SELECT pg_notify(%s, %s) FROM ins"
-        )
-        params = (run, Json(event), self.channel, run)
-        self._db.run(lambda conn: conn.execute(sql, params))
+        """Kept through an outage (:mod:`.kept`): never raises for a database that is down."""
+        args = {"run": run, "event": event, "channel": self.channel}
+        self._db.write("events.append", 0, args, LIVE)
 
     def read(self, run: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
         sql = "SELECT pos, event FROM {s}.events WHERE run = %s AND pos > %s ORDER BY pos"

@@ -95,6 +95,12 @@ class PostgresState:
     def events(self) -> PostgresEventRows:
         return self._events
 
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the database to take what this process and dead
+        processes kept on this machine during an outage (:meth:`.db.Database.settle`);
+        True when nothing is left."""
+        return self._db.settle(timeout)
+
     def close(self) -> None:
         """Close this process's connections (a later call opens new ones)."""
         self._db.close()
