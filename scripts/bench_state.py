@@ -271,7 +271,7 @@ def bench_status(server_url: str, tmp: Path, rounds: int) -> list[str]:
         env.pop("FLOWER_STATE", None)
         py = [sys.executable, "-m", "supervisor", "status"]
         commands = {
-            "local files": (py, ws_local),
+            "local files": ([*py, "--state", ""], ws_local),  # whatever a .env says
             "PostgreSQL": ([*py, "--state", url], ws_shared),
         }
         for cmd, cwd in commands.values():

@@ -330,15 +330,16 @@ define(
         ),
         "super.help.cluster_up": (
             "起一个本机集群,在 stdout 打出要 export 的两行(FLOWER_STATE、FLOWER_PLACEMENT);"
-            "已经起着就只再打一遍。",
+            "已经起着就只再打一遍。它的服务器不验身份,本机任何用户都连得上:只在自己的机器上用。",
             "Start a cluster on this machine and print the two lines to export "
-            "(FLOWER_STATE, FLOWER_PLACEMENT) on stdout; one already up is only printed again.",
+            "(FLOWER_STATE, FLOWER_PLACEMENT) on stdout; one already up is only printed again. "
+            "Its servers take any local user's connection: for a machine of your own.",
         ),
         "super.help.cluster_down": (
-            "停掉本机集群的 worker(先让它们交还手上的尝试)和两个服务器,删掉它的目录"
+            "停掉本机集群的 worker(各有 10 秒把手上的跑完)和两个服务器,删掉集群建的文件"
             "(它的运行状态随之而去)。",
-            "Stop the cluster's workers (each hands back what it runs first) and both "
-            "servers, and remove its directory (its run state goes with it).",
+            "Stop the cluster's workers (each gets 10 s to finish what it runs) and both "
+            "servers, and remove what the cluster made (its run state goes with it).",
         ),
         "super.help.cluster_workers": ("起几个 worker", "how many workers to start"),
         "super.help.cluster_dir": (

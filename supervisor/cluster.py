@@ -10,11 +10,14 @@ It prints the two lines to export on stdout (``eval "$(flower-super cluster up)"
 them) and what it started on stderr; a cluster already up in that directory is not started
 twice: its two lines are printed again.
 
-``down`` stops the workers (SIGTERM: each hands back what it runs; whatever is still there
-after :data:`GRACE_S` is killed with its whole tree), then the two servers, and removes the
-directory: the cluster's run state goes with it (it is a throwaway).
+``down`` stops the workers (SIGTERM: each finishes what it runs; whatever is still there
+after :data:`GRACE_S` is killed with its whole tree), then the two servers, and removes what
+the cluster made: its run state goes with it (it is a throwaway). ``up`` never starts in a
+directory that holds anything else.
 
-Everything listens on 127.0.0.1 only; PostgreSQL trusts its superuser on loopback.
+Nothing here authenticates: PostgreSQL trusts its superuser on 127.0.0.1 and the Temporal
+dev server takes any client there, so any user of this machine could read the transcripts
+or queue work for the workers. It is for a machine of one's own.
 """
 
 from __future__ import annotations
@@ -76,6 +79,24 @@ define(
             "它记着的进程要你自己停(ps 里找 temporal、postgres、flower-super worker)",
             "stop what it recorded yourself (look for temporal, postgres and flower-super "
             "worker in ps)",
+        ),
+        "cluster.not_ours": (
+            "{dir} 已经有别的东西了,集群不在这里起(cluster down 会删掉它在那儿建的一切)",
+            "{dir} already holds something else: no cluster is started there (cluster down "
+            "removes what a cluster makes in its directory)",
+        ),
+        "cluster.not_ours.hint": (
+            "用 --dir 指一个空的或还不存在的目录,或者不给 --dir(~/.flower/cluster)",
+            "give --dir an empty or new directory, or leave it out (~/.flower/cluster)",
+        ),
+        "cluster.exited": ("它退出了,什么也没说", "it exited without a word"),
+        "cluster.silent": (
+            "{s} 秒内没说它准备好了",
+            "it did not say it was ready within {s} s",
+        ),
+        "cluster.bad_workers.hint": (
+            "比如 --workers 2",
+            "for example --workers 2",
         ),
         "cluster.bad_workers": (
             "--workers 要在 1 到 {most} 之间,不是 {n}",
@@ -159,13 +180,17 @@ class Cluster:
             ) from exc
 
     def alive(self) -> bool:
-        """Its Temporal server still runs (the one piece every use needs)."""
+        """Its Temporal server, its PostgreSQL and at least one worker still run."""
+        from flower.testing.postgres import PgServer
         from flower.testing.temporal import TemporalServer
 
         try:
-            return TemporalServer.load(self.temporal_dir)._process() is not None
-        except (OSError, ValueError, KeyError):
+            temporal = TemporalServer.load(self.temporal_dir)._process() is not None
+            pg = PgServer.load(self.pg_dir)
+        except (OSError, ValueError, KeyError, TypeError):
             return False
+        postgres = (pg.data / "postmaster.pid").exists()
+        return temporal and postgres and any(w.process() is not None for w in self.workers)
 
 
 def default_dir() -> Path:
@@ -175,14 +200,20 @@ def default_dir() -> Path:
 def up(dir: Path, workers: int, say: Any) -> Cluster:
     """Start a cluster in ``dir`` (or find the one already up there) and return it."""
     if not 1 <= workers <= MOST_WORKERS:
-        raise FlowerError(t("cluster.bad_workers", most=MOST_WORKERS, n=workers))
+        raise FlowerError(
+            t("cluster.bad_workers", most=MOST_WORKERS, n=workers),
+            hint=t("cluster.bad_workers.hint"),
+        )
     dir = dir.expanduser().absolute()
     found = Cluster.load(dir)
     if found is not None and found.alive():
         say(t("cluster.already", dir=dir))
         return found
-    if found is not None:  # a cluster that died (a reboot): clear what is left of it
+    if found is not None:  # a cluster that died (a reboot), or half of one: clear it
         _take_down(found)
+    elif dir.exists() and (not dir.is_dir() or any(dir.iterdir())):
+        # never a directory of someone's: down removes what the cluster made there
+        raise FlowerError(t("cluster.not_ours", dir=dir), hint=t("cluster.not_ours.hint"))
     dir.mkdir(parents=True, exist_ok=True)
     os.chmod(dir, 0o700)
     cluster = Cluster(dir)
@@ -275,12 +306,17 @@ def _wait_ready(cluster: Cluster, n: int, proc: Proc) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-        if text.startswith("-- "):
+        if any(line.startswith("-- ") for line in text.splitlines()):  # its ready line
             return
         running = proc.process()
         if running is None or running.status() == "zombie" or time.monotonic() > deadline:
             lines = [line for line in text.splitlines() if line.strip()]
-            why = lines[-1].strip() if lines else "exited"
+            late = running is not None and running.status() != "zombie"
+            why = (
+                lines[-1].strip()
+                if lines
+                else (t("cluster.silent", s=int(READY_TIMEOUT_S)) if late else t("cluster.exited"))
+            )
             raise FlowerError(
                 t("cluster.worker_failed", n=n, why=why),
                 hint=t("cluster.worker_failed.hint", log=log),
@@ -315,9 +351,14 @@ def _take_down(cluster: Cluster) -> int:
         TemporalServer.load(cluster.temporal_dir).stop()
     if cluster.pg_dir and (Path(cluster.pg_dir) / PG_FILE).exists():
         PgServer.load(cluster.pg_dir).stop()
-    for path in (cluster.temporal_dir, cluster.pg_dir, str(cluster.dir)):
-        if path:
-            import shutil
+    import shutil
 
+    # only what the cluster made; its directory goes only when that leaves it empty
+    for path in (cluster.temporal_dir, cluster.pg_dir):
+        if path:
             shutil.rmtree(path, ignore_errors=True)
+    for made in [*cluster.dir.glob("worker-*.log"), cluster.dir / RECORD]:
+        made.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        cluster.dir.rmdir()
     return len(cluster.workers)

@@ -34,6 +34,11 @@ ONCE_TOOLS = "Read,Glob,Grep"
 
 define(
     {
+        "cli.once_placement.hint": (
+            "去掉 --placement;要在集群上跑,写一个流程:flower run flows.py:main --placement …",
+            "leave --placement out; to run on a cluster, write a flow: flower run flows.py:main "
+            "--placement …",
+        ),
         "cli.once_placement": (
             "flower once 只在本机跑一个 agent,不用 --placement"
             "(流程才放到集群上:flower / flower run)",
@@ -768,7 +773,7 @@ def _once(args: argparse.Namespace) -> int:
     ws = _workspace(args)
     run_dir = _run_dir(args)
     if getattr(args, "placement", None):
-        raise Stop(t("cli.once_placement"), code=2)
+        raise Stop(t("cli.once_placement"), code=2, hint=t("cli.once_placement.hint"))
     _, opened = _state(args, ws, run_dir)
     _credentials(args, ws)
     tools = [x.strip() for x in (args.tools or ONCE_TOOLS).split(",") if x.strip()]

@@ -323,9 +323,10 @@ class TemporalPlacement:
     on_ended: Callable[[str], None] | None = None
     adopted: dict[str, str] = field(default_factory=dict)  # label -> a running activity id
     # The flow's HumanChannel here. A worker builds the flow again, so a question from one
-    # of its attempts names the worker's copy of the channel (another key): it is served by
-    # this one (the one whose person is at this terminal), as is one from an attempt a
-    # supervisor before this one placed.
+    # of its attempts names the worker's copy of the channel (another process's key, which
+    # means nothing here): every such question is served by this one, the channel whose
+    # person is at this terminal (one from an attempt an earlier supervisor placed too).
+    # A flow with several channels has its remote questions all served by this one.
     channel: Any = None
     _sent: dict[str, int] = field(default_factory=dict)
     _client: Any = None
@@ -465,10 +466,7 @@ class TemporalPlacement:
             watch.on_event(ev)
         elif isinstance(item, Ask):
             if item.channel and self.channel is not None:
-                from flower.people.human import find_channel
-
-                if find_channel(item.channel) is None:
-                    item = dataclasses.replace(item, channel=self.channel.key)
+                item = dataclasses.replace(item, channel=self.channel.key)
 
             async def answer(q: Ask = item) -> None:
                 mailbox.send(down(mailbox.id), await answer_for(q, self.ask))

@@ -119,7 +119,8 @@ class StartArgs:
     # Runtime(state=...): the run state the command chose and opened (supervisor.runstate);
     # None = FLOWER_STATE as the Runtime finds it, else the run_dir's files
     state: Any = None
-    # Where attempts run: None = $FLOWER_PLACEMENT, else forked here; "temporal://H:P/QUEUE"
+    # Where attempts run: None = forked here; "temporal://H:P/QUEUE" (the CLIs resolve
+    # --placement and FLOWER_PLACEMENT with choose_placement)
     placement: str | None = None
 
 

@@ -137,6 +137,7 @@ class Attempts:
         self._states: dict[tuple[str, str], Any] = {}
         self._stores: dict[tuple[str, str, bool, int], Any] = {}
         self._flows: dict[str, Any] = {}
+        self._told: set[tuple[str, str]] = set()  # refusals said in a mailbox already
         self._pump: Pump | None = None
         self.running = 0
 
@@ -259,7 +260,9 @@ class Attempts:
                 problem = exc.message
         if problem:
             say(t("worker.refused", label=label, why=problem))
-            self.tell_refused(order, label, problem)
+            if (order.id, problem) not in self._told:  # Temporal retries it every few s
+                self._told.add((order.id, problem))
+                self.tell_refused(order, label, problem)
             await asyncio.sleep(1.0)  # give another worker the next try
             raise ApplicationError(problem, type="NotHere")
         state = self.state_for(ws, run_dir)

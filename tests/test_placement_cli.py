@@ -75,6 +75,7 @@ def test_flower_once_says_it_runs_here(tmp_path):
     done = run(tmp_path, "supervisor.flower_cli", "once", "hi", "--placement", "temporal://h:1/q")
     assert done.returncode == 2, done.stderr
     assert "--placement is for flows" in done.stderr and "Traceback" not in done.stderr
+    assert "hint" in done.stderr
 
 
 @pytest.mark.parametrize(

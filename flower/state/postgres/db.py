@@ -112,6 +112,11 @@ define(
             "补交的一条记录被拒绝:{why}",
             "a delivered write was refused: {why}",
         ),
+        "state.pg.spool_refused": (
+            "数据库不收这条补交的 {op} 记录,已丢弃(别的照常补交):{why}",
+            "the database refuses a kept {op} record; it is dropped (the rest is delivered as "
+            "usual): {why}",
+        ),
         "state.pg.spool_unknown": (
             "补交记录 {spool} 里有不认得的操作 {op!r}(更新的 flower 写的?);跳过了它",
             "spool {spool} holds an operation this flower does not know ({op!r}, written "
@@ -604,6 +609,14 @@ class Database:
                         op(conn, sql, record.epoch, record.args, None)
                 except Superseded as exc:
                     log.warning("%s", t("state.pg.spool_superseded", why=exc.message))
+                except (psycopg.DataError, psycopg.IntegrityError) as exc:
+                    # A kept row (manifest, registry, event) the database will never take
+                    # (text it cannot store): dropped with a line, so it does not hold back
+                    # every later write of the process. Anything else is retried.
+                    if record.op not in KEPT_OPS:
+                        raise
+                    why = " ".join(str(exc).split())[:200]
+                    log.warning("%s", t("state.pg.spool_refused", op=record.op, why=why))
             conn.execute(
                 sql("UPDATE {s}.spools SET delivered = %s WHERE spool = %s"), (record.n, spool.id)
             )
