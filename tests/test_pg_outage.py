@@ -408,4 +408,3 @@ def test_a_spooled_append_whose_remembered_summary_went_stale_is_delivered(
         assert "PostgreSQL" in outage
     finally:
         store.close()
-
