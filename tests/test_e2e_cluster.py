@@ -1,0 +1,396 @@
+"""Cluster drills (issue 19): the real flower-super, real ``flower-super worker`` processes on
+a real Temporal dev server, the run state in a real PostgreSQL, the real CLI against the
+scripted model server.
+
+Workers are started as a person would start them (``flower-super worker --temporal HOST:PORT
+--queue Q --state URL``), each with its own environment, as another machine would have:
+
+- ``ANTHROPIC_CUSTOM_HEADERS`` (the CLI's own setting) makes every request a worker's CLI
+  sends carry ``X-Flower-Test-Worker: <name>``, so the model server's request log says which
+  worker asked;
+- ``FLOWER_TEST_WORKER=<name>`` reaches the tool shells, so a side-effect file says which
+  worker ran a Bash call;
+- ``FLOWER_TEST_TAG`` is the worker's own, so "no process left from that worker's tree" is
+  checked against the whole process table.
+
+The supervisor is ``flower-super start`` with ``FLOWER_PLACEMENT=temporal://…/QUEUE`` and
+``FLOWER_STATE`` set. Each test has its own task queue and database; every process a test
+starts is reaped in teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from flower.testing.model_server import ModelServer
+from tests.e2e import Flower, kill, tagged, wait_until
+
+# Every test runs a three-step flow (or a map of 8) through Temporal with 2-3 worker
+# processes, each importing the SDK (~2 s on a loaded 2-core machine), and waits out at
+# least one heartbeat timeout (3 s) before a takeover.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+ABC = "tests.flows.cluster:abc"
+SPREAD = "tests.flows.cluster:spread"
+HOLD = 90  # seconds the scripted model "thinks" (once) so a drill can act mid-step
+HEADER = "x-flower-test-worker"
+WORKER_ENV = "FLOWER_TEST_WORKER"
+TAG = "FLOWER_TEST_TAG"
+
+
+# ---------------------------------------------------------------------------------------
+# scripts
+# ---------------------------------------------------------------------------------------
+
+
+def bash(command: str) -> dict[str, Any]:
+    return {"tool_use": {"name": "Bash", "input": {"command": command, "description": "test"}}}
+
+
+def abc_script(b_turns: list[Any]) -> dict[str, Any]:
+    return {
+        "conversations": [
+            {"name": "A", "match": {"marker": "[[A]]"}, "turns": [{"text": "A done."}]},
+            {"name": "B", "match": {"marker": "[[B]]"}, "turns": b_turns},
+            {"name": "C", "match": {"marker": "[[C]]"}, "turns": [{"text": "C done."}]},
+        ]
+    }
+
+
+# B's first turn runs a Bash call that counts its runs (and says on which worker); its
+# second waits HOLD seconds the first time it is asked: the drills act then.
+COUNT = f"echo ${WORKER_ENV} >> b-ran.txt"
+B_WAITS = [bash(COUNT), {"text": "B done.", "delay": HOLD, "times": 1}]
+
+
+def sender(req: Any) -> str | None:
+    """The worker whose CLI sent ``req`` (None: not a worker's CLI)."""
+    for key, value in req.headers.items():
+        if key.lower() == HEADER:
+            return str(value)
+    return None
+
+
+def asked(server: ModelServer) -> list[Any]:
+    return [r for r in server.requests if r.path == "/v1/messages"]
+
+
+def block_types(req: Any) -> list[str]:
+    return [
+        str(b.get("type"))
+        for m in req.messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+    ]
+
+
+def tool_use_ids(messages: list[dict[str, Any]]) -> set[str]:
+    return {
+        str(b["id"])
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# the run state in PostgreSQL, read with plain SQL
+# ---------------------------------------------------------------------------------------
+
+
+class Db:
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=10) as conn:
+                return list(conn.execute(sql, args).fetchall())
+        except psycopg.errors.UndefinedTable:
+            return []  # flower has not made its tables yet
+
+    def lineage(self) -> dict[str, Any]:
+        rows = self.query("SELECT steps FROM flower.lineage")
+        return dict(rows[0][0]) if rows else {}
+
+    def session_of(self, label: str) -> str | None:
+        value = self.lineage().get(label)
+        if isinstance(value, dict):
+            value = value.get("session_id") or value.get("id")
+        return str(value) if value else None
+
+    def manifest(self) -> list[dict[str, Any]]:
+        return [r for (r,) in self.query("SELECT row FROM flower.manifest ORDER BY id")]
+
+    def rows(self, step: str) -> list[dict[str, Any]]:
+        return [r for r in self.manifest() if r.get("step") == step]
+
+    def entries(self, session_id: str) -> list[tuple[int, dict[str, Any]]]:
+        found = self.query(
+            "SELECT seq, data FROM flower.entries WHERE key LIKE %s ORDER BY seq",
+            f"%/{session_id}",
+        )
+        return [(int(seq), json.loads(data)) for seq, data in found]
+
+    def has_tool_result(self, session_id: str) -> bool:
+        return any('"tool_result"' in json.dumps(e) for _, e in self.entries(session_id))
+
+    def epoch(self, session_id: str) -> int:
+        rows = self.query("SELECT epoch FROM flower.fence WHERE session_id = %s", session_id)
+        return int(rows[0][0]) if rows else 0
+
+
+# ---------------------------------------------------------------------------------------
+# workers and the supervisor
+# ---------------------------------------------------------------------------------------
+
+
+class Worker:
+    """One ``flower-super worker`` process, as another machine would run it."""
+
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], log: Path, tag: str) -> None:
+        self.name, self.proc, self.log, self.tag = name, proc, log, tag
+
+    def out(self) -> str:
+        return self.log.read_text("utf-8", "replace") if self.log.exists() else ""
+
+    def took(self, label: str) -> int:
+        """How many tries of ``label`` this worker took (its "> LABEL  (run …" lines)."""
+        return len(re.findall(rf"^> {re.escape(label)}  \(", self.out(), re.M))
+
+    def attempt_tree(self) -> list[psutil.Process]:
+        """What runs below the worker: its step children, their CLIs and tool shells."""
+        try:
+            return [
+                p
+                for p in psutil.Process(self.proc.pid).children(recursive=True)
+                if p.status() != psutil.STATUS_ZOMBIE
+            ]
+        except psutil.Error:
+            return []
+
+    def survivors(self) -> list[psutil.Process]:
+        """Every running process of this worker's tree, wherever it was reparented."""
+        return tagged(self.tag)
+
+
+class Cluster:
+    """A flower workspace whose attempts run on workers of this test's own queue."""
+
+    def __init__(self, f: Flower, target: str, queue: str, dsn: str, logs: Path) -> None:
+        self.f, self.target, self.queue, self.dsn, self.logs = f, target, queue, dsn, logs
+        self.db = Db(dsn)
+        self.workers: list[Worker] = []
+        logs.mkdir(parents=True, exist_ok=True)
+        f.env.update(
+            {"FLOWER_STATE": dsn, "FLOWER_PLACEMENT": f"temporal://{target}/{queue}"}
+        )
+
+    def worker(
+        self,
+        name: str,
+        *,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        ready: bool = True,
+    ) -> Worker:
+        """``flower-super worker`` with this machine's own environment (see the module
+        docstring); waits for its ready line unless ``ready`` is False."""
+        tag = f"{self.f.tag}-{name}"
+        wenv = {k: v for k, v in self.f.env.items() if k not in ("FLOWER_PLACEMENT",)}
+        wenv.update(
+            {
+                TAG: tag,
+                WORKER_ENV: name,
+                "ANTHROPIC_CUSTOM_HEADERS": f"X-Flower-Test-Worker: {name}",
+            }
+        )
+        wenv.update(env or {})
+        log = self.logs / f"{name}.log"
+        argv = self.f.argv(
+            "worker", "--temporal", self.target, "--queue", self.queue, "--state", self.dsn
+        )
+        with open(log, "wb") as sink:  # the child writes it
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd or self.f.root,
+                env=wenv,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        w = Worker(name, proc, log, tag)
+        self.workers.append(w)
+        if ready:
+            wait_until(
+                lambda: "-- worker " in w.out() or proc.poll() is not None,
+                60,
+                f"worker {name} to be ready",
+                interval=0.1,
+            )
+            assert proc.poll() is None, f"worker {name} exited: {w.out()}"
+        return w
+
+    def start(self, flow: str) -> subprocess.Popen[bytes]:
+        return self.f.start(flow=flow)
+
+    def running(self, label: str) -> Worker:
+        """The worker that took ``label`` (waits for it)."""
+        return wait_until(
+            lambda: next((w for w in self.workers if w.took(label)), None),
+            60,
+            f"a worker to take {label}",
+        )
+
+    def logs_text(self) -> str:
+        return "\n".join(f"--- {w.name}:\n{w.out()}" for w in self.workers)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGCONT)
+            if w.proc.poll() is None:
+                w.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=10)
+            for p in w.survivors():
+                with contextlib.suppress(psutil.Error):
+                    p.resume()
+                    p.kill()
+
+
+@pytest.fixture
+def cluster(
+    model_server: Callable[..., ModelServer],
+    flower_env: Callable[..., Flower],
+    temporal_target: str,
+    temporal_queue: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> Iterator[Callable[[dict[str, Any]], Cluster]]:
+    made: list[Cluster] = []
+
+    def make(script: dict[str, Any]) -> Cluster:
+        f = flower_env(model_server(script))
+        c = Cluster(f, temporal_target, temporal_queue, pg_dsn, tmp_path / "workers")
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def finish(c: Cluster, proc: subprocess.Popen[bytes], timeout: float = 120) -> str:
+    """The supervisor's whole output once it exits (0 expected: the caller asserts it)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate(timeout=10)
+        raise AssertionError(
+            f"the supervisor did not finish in {timeout}s:\n{out.decode()}\n{c.logs_text()}"
+        ) from None
+    return out.decode("utf-8", "replace")
+
+
+def waiting_on(server: ModelServer, conversation: str, turn: int, timeout: float = 90) -> Any:
+    return server.wait_for(
+        lambda reqs: next(
+            (r for r in reqs if r.conversation == conversation and r.turn == turn), None
+        ),
+        timeout=timeout,
+    )
+
+
+def no_tree_left(w: Worker, within: float = 10.0) -> None:
+    """Nothing of the attempts ``w`` ran is still running (whatever it was reparented to)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = [p for p in w.survivors() if p.pid != w.proc.pid] + w.attempt_tree()
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"{w.name} left: " + ", ".join(f"{p.pid} {_cmd(p)}" for p in left)
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())[:120]
+    except psutil.Error:
+        return "?"
+
+
+# ---------------------------------------------------------------------------------------
+# 1. kill -9 of the worker running B while B waits on the model
+# ---------------------------------------------------------------------------------------
+
+
+def test_kill9_of_the_worker_running_b_hands_b_to_the_other_in_its_own_session(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    c = cluster(abc_script(B_WAITS))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    held = waiting_on(server, "B", 1)
+    victim = c.running("B")
+    other = next(w for w in c.workers if w is not victim)
+    assert sender(held) == victim.name
+    sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+    assert held.session_id == sid
+    wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+    killed_at = max(r.seq for r in server.requests)
+
+    assert kill_worker(victim) == -signal.SIGKILL
+    # No process of the killed worker's tree is left: its step child, CLI, tool shells.
+    wait_until(lambda: not victim.survivors(), 10, f"{victim.name}'s tree to be gone")
+
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    after = [r for r in asked(server) if r.seq > killed_at]
+    assert not [r for r in after if r.conversation == "A"], "A was sent to the model again"
+    resumed = [r for r in after if r.conversation == "B"]
+    assert resumed, "B was not continued"
+    assert {r.session_id for r in resumed} == {sid}, "B's takeover is not B's own session"
+    assert {sender(r) for r in resumed} == {other.name}, "B did not continue on the other worker"
+    kinds = block_types(resumed[0])
+    assert "tool_use" in kinds and "tool_result" in kinds, "B's earlier turns were not sent"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [victim.name], (
+        "B's finished Bash call ran again"
+    )
+    assert [r.conversation for r in after if r.conversation == "C"] == ["C"], "C did not run"
+    assert len([r for r in asked(server) if r.conversation == "A"]) == 1
+    assert other.took("B") == 1 and victim.took("B") == 1
+    assert [r["ok"] for r in c.db.rows("A")] == [True]
+    assert [r["ok"] for r in c.db.rows("B")] == [True]
+    assert [r["ok"] for r in c.db.rows("C")] == [True]
+    assert c.db.session_of("B") == sid
+    no_tree_left(victim)
+    no_tree_left(other)
+    assert other.proc.poll() is None, "the surviving worker died"
+
+
+def kill_worker(w: Worker, sig: int = signal.SIGKILL) -> int:
+    os.kill(w.proc.pid, sig)
+    return w.proc.wait(timeout=30)
+
+
+_ = kill  # tests.e2e's, for the supervisor
