@@ -394,3 +394,99 @@ def kill_worker(w: Worker, sig: int = signal.SIGKILL) -> int:
 
 
 _ = kill  # tests.e2e's, for the supervisor
+
+
+# ---------------------------------------------------------------------------------------
+# 2. SIGSTOP of the worker running B, SIGCONT after the takeover
+# ---------------------------------------------------------------------------------------
+
+LATE = f"echo ${WORKER_ENV} >> b-late.txt"
+FROZEN_ANSWER_S = 2  # B's second answer reaches the frozen worker's socket while it sleeps
+
+
+def freeze(w: Worker) -> list[psutil.Process]:
+    """SIGSTOP the worker and everything below it, as a frozen machine: what was stopped."""
+    root = psutil.Process(w.proc.pid)
+    root.suspend()
+    tree = root.children(recursive=True)
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.suspend()
+    return [root, *tree]
+
+
+def test_a_frozen_worker_s_attempt_moves_and_on_waking_it_sends_nothing_writes_nothing_and_ends(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    # B: a counted Bash call; then a second Bash call answered FROZEN_ANSWER_S late the
+    # first time (so the frozen CLI has it waiting in its socket when it wakes), then done.
+    late = {**bash(LATE), "delay": FROZEN_ANSWER_S, "times": 1}
+    c = cluster(abc_script([bash(COUNT), late, {"text": "B done."}]))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    held = waiting_on(server, "B", 1)
+    victim = c.running("B")
+    other = next(w for w in c.workers if w is not victim)
+    assert sender(held) == victim.name
+    sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+    wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+    epoch = c.db.epoch(sid)
+    frozen = freeze(victim)
+    attempt = [p for p in frozen if p.pid != victim.proc.pid]
+    assert attempt, "the frozen worker ran no attempt process"
+
+    # The takeover: B's session continues on the other worker, which owns it now.
+    waiting_on_from(server, "B", other.name)
+    wait_until(lambda: c.db.epoch(sid) > epoch, 30, "the takeover to own B's session")
+    took_over_at = max((seq for seq, _ in c.db.entries(sid)), default=0)
+    woke_at = max(r.seq for r in server.requests)
+    for p in frozen:
+        with contextlib.suppress(psutil.Error):
+            p.resume()
+
+    # Its attempt's process tree is gone within seconds (the worker itself lives on).
+    wait_until(lambda: not [p for p in attempt if alive(p)], 10, "the woken attempt's tree to end")
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+
+    late_b = [r for r in asked(server) if r.seq > woke_at and r.conversation == "B"]
+    assert not [r for r in late_b if sender(r) == victim.name], (
+        "the frozen worker sent a request for B after it woke"
+    )
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [victim.name]
+    assert (f.ws / "b-late.txt").read_text().splitlines() == [other.name], (
+        "the woken worker ran B's second Bash call"
+    )
+    # The transcript holds the takeover's turns only: every tool_use it has is one the
+    # model saw in the takeover's last request (the woken CLI's copy of B's second answer
+    # carries ids of its own), and nothing after the takeover names another.
+    last = [r for r in asked(server) if r.conversation == "B"][-1]
+    assert sender(last) == other.name
+    seen = tool_use_ids(last.messages)
+    entries = c.db.entries(sid)
+    stored = tool_use_ids([e.get("message") or {} for _, e in entries])
+    assert stored == seen, f"entries not from the takeover: {sorted(stored - seen)}"
+    after = [e for seq, e in entries if seq > took_over_at]
+    assert after, "the takeover wrote nothing after it owned the session"
+    assert tool_use_ids([e.get("message") or {} for e in after]) <= seen
+    assert [r["ok"] for r in c.db.rows("B")] == [True]
+    assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+    no_tree_left(other)
+
+
+def waiting_on_from(server: ModelServer, conversation: str, who: str, timeout: float = 90) -> Any:
+    return server.wait_for(
+        lambda reqs: next(
+            (r for r in reqs if r.conversation == conversation and sender(r) == who), None
+        ),
+        timeout=timeout,
+    )
+
+
+def alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
