@@ -10,6 +10,8 @@ Workers are started as a person would start them (``flower-super worker --tempor
   worker asked;
 - ``FLOWER_TEST_WORKER=<name>`` reaches the tool shells, so a side-effect file says which
   worker ran a Bash call;
+- ``HOME`` and ``CLAUDE_CONFIG_DIR`` are the worker's own, so a takeover has only what
+  PostgreSQL holds (never the CLI's local transcript of the worker that died);
 - ``FLOWER_TEST_TAG`` is the worker's own, so "no process left from that worker's tree" is
   checked against the whole process table.
 
@@ -197,9 +199,7 @@ class Cluster:
         self.db = Db(dsn)
         self.workers: list[Worker] = []
         logs.mkdir(parents=True, exist_ok=True)
-        f.env.update(
-            {"FLOWER_STATE": dsn, "FLOWER_PLACEMENT": f"temporal://{target}/{queue}"}
-        )
+        f.env.update({"FLOWER_STATE": dsn, "FLOWER_PLACEMENT": f"temporal://{target}/{queue}"})
 
     def worker(
         self,
@@ -208,22 +208,27 @@ class Cluster:
         cwd: Path | None = None,
         env: dict[str, str] | None = None,
         ready: bool = True,
+        flags: tuple[str, ...] = (),
     ) -> Worker:
         """``flower-super worker`` with this machine's own environment (see the module
         docstring); waits for its ready line unless ``ready`` is False."""
         tag = f"{self.f.tag}-{name}"
         wenv = {k: v for k, v in self.f.env.items() if k not in ("FLOWER_PLACEMENT",)}
+        home = self.f.root / f"home-{name}"  # its own CLI home: no transcript shared
+        (home / ".claude").mkdir(parents=True, exist_ok=True, mode=0o700)
         wenv.update(
             {
                 TAG: tag,
                 WORKER_ENV: name,
                 "ANTHROPIC_CUSTOM_HEADERS": f"X-Flower-Test-Worker: {name}",
+                "HOME": str(home),
+                "CLAUDE_CONFIG_DIR": str(home / ".claude"),
             }
         )
         wenv.update(env or {})
         log = self.logs / f"{name}.log"
         argv = self.f.argv(
-            "worker", "--temporal", self.target, "--queue", self.queue, "--state", self.dsn
+            "worker", "--temporal", self.target, "--queue", self.queue, "--state", self.dsn, *flags
         )
         with open(log, "wb") as sink:  # the child writes it
             proc = subprocess.Popen(
@@ -286,9 +291,9 @@ def cluster(
 ) -> Iterator[Callable[[dict[str, Any]], Cluster]]:
     made: list[Cluster] = []
 
-    def make(script: dict[str, Any]) -> Cluster:
+    def make(script: dict[str, Any], target: str | None = None) -> Cluster:
         f = flower_env(model_server(script))
-        c = Cluster(f, temporal_target, temporal_queue, pg_dsn, tmp_path / "workers")
+        c = Cluster(f, target or temporal_target, temporal_queue, pg_dsn, tmp_path / "workers")
         made.append(c)
         return c
 
@@ -490,3 +495,240 @@ def alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+# ---------------------------------------------------------------------------------------
+# 3. kill -9 of the supervisor while B runs on a worker
+# ---------------------------------------------------------------------------------------
+
+SUPERVISOR_GONE_S = 8  # B's second answer waits this long: the supervisor dies meanwhile
+
+
+def activity_ids(target: str, queue: str) -> list[str]:
+    """Every attempt dispatched on ``queue`` (Temporal's own list)."""
+    import asyncio
+
+    from temporalio.client import Client
+
+    async def main() -> list[str]:
+        client = await Client.connect(target)
+        return [a.activity_id async for a in client.list_activities(f'TaskQueue="{queue}"')]
+
+    return sorted(asyncio.run(main()))
+
+
+def test_kill9_of_the_supervisor_leaves_b_running_and_the_same_command_reattaches(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    slow = {"text": "B done.", "delay": SUPERVISOR_GONE_S, "times": 1}
+    c = cluster(abc_script([bash(COUNT), slow]))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    held = waiting_on(server, "B", 1)
+    runner = c.running("B")
+    sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+    wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+    cli = [p for p in runner.attempt_tree() if p.name() == "claude"]
+    assert cli, f"no CLI under {runner.name}"
+
+    assert kill(sup) == -signal.SIGKILL
+    f.assert_no_survivors(within=5.0)  # the supervisor's own processes (workers are tagged apart)
+    # B's conversation goes on where it runs: the same CLI, still waiting on its answer.
+    assert all(alive(p) for p in cli), "B's CLI died with the supervisor"
+
+    again = c.start(ABC)  # the same command
+    out = finish(c, again)
+    assert again.returncode == 0, out + c.logs_text()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert [r.turn for r in b] == [0, 1], "B was asked again: its first attempt is not the only one"
+    assert {r.session_id for r in b} == {sid} and {sender(r) for r in b} == {runner.name}
+    assert b[1].seq == held.seq
+    assert sum(w.took("B") for w in c.workers) == 1
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [runner.name]
+    assert len([r for r in asked(server) if r.conversation == "A"]) == 1, "A was sent again"
+    assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+    rows = c.db.rows("B")
+    assert [r["ok"] for r in rows] == [True], rows
+    ids = activity_ids(c.target, c.queue)
+    assert len([i for i in ids if i.endswith("/B/1")]) == 1, ids
+    assert not [i for i in ids if "/B/" in i and not i.endswith("/B/1")], ids
+    for w in c.workers:
+        no_tree_left(w)
+
+
+# ---------------------------------------------------------------------------------------
+# 4. a map over 8 items on 3 workers, one of them killed in the middle
+# ---------------------------------------------------------------------------------------
+
+ITEMS = 8
+ITEM_S = 2  # each item's second answer waits this long the first time it is asked
+
+
+def spread_script() -> dict[str, Any]:
+    return {
+        "conversations": [
+            {
+                "name": f"M{i}",
+                "match": {"marker": f"[[M{i}]]"},
+                "turns": [
+                    bash(f"echo ${WORKER_ENV} >> m{i}.txt"),
+                    {"text": f"M{i} done.", "delay": ITEM_S, "times": 1},
+                ],
+            }
+            for i in range(ITEMS)
+        ]
+    }
+
+
+def second_item(reqs: list[Any]) -> tuple[str, str] | None:
+    """(worker, conversation) of the first worker whose second item waits on the model."""
+    seen: dict[str, list[str]] = {}
+    for r in reqs:
+        who, conv = sender(r), r.conversation or ""
+        if who and conv.startswith("M") and r.turn == 1 and conv not in seen.get(who, []):
+            seen.setdefault(who, []).append(conv)
+            if len(seen[who]) == 2:
+                return who, conv
+    return None
+
+
+def test_a_map_spreads_over_workers_and_a_killed_worker_s_item_finishes_elsewhere(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    c = cluster(spread_script())
+    server, f = c.f.server, c.f
+    for name in ("W1", "W2", "W3"):
+        c.worker(name)
+    sup = c.start(SPREAD)
+    who, conv = server.wait_for(second_item, timeout=120)
+    victim = next(w for w in c.workers if w.name == who)
+    item = int(conv[1:])
+    sid = wait_until(lambda: c.db.session_of(f"M[{item}]"), 10, f"M[{item}]'s session")
+    wait_until(lambda: c.db.has_tool_result(sid), 10, f"M[{item}]'s tool result")
+    killed_at = max(r.seq for r in server.requests)
+    assert kill_worker(victim) == -signal.SIGKILL
+    wait_until(lambda: not victim.survivors(), 10, f"{victim.name}'s tree to be gone")
+
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    reqs = asked(server)
+    for i in range(ITEMS):
+        mine = [r for r in reqs if r.conversation == f"M{i}"]
+        assert [r.turn for r in mine if r.turn == 0] == [0], f"M{i} started more than once"
+        assert len({r.session_id for r in mine}) == 1, f"M{i} ran in more than one session"
+        assert len((f.ws / f"m{i}.txt").read_text().splitlines()) == 1, f"M{i}'s Bash ran twice"
+    sessions = {r.session_id for r in reqs if (r.conversation or "").startswith("M")}
+    assert len(sessions) == ITEMS, "two items shared a session"
+    assert len({sender(r) for r in reqs if r.turn == 0}) > 1, "every item ran on one worker"
+    # The killed worker's item finished on another worker, continuing its own session.
+    resumed = [r for r in reqs if r.seq > killed_at and r.conversation == conv]
+    assert resumed and {r.session_id for r in resumed} == {sid}
+    assert victim.name not in {sender(r) for r in resumed}
+    kinds = block_types(resumed[0])
+    assert "tool_use" in kinds and "tool_result" in kinds, "the item's earlier turns were lost"
+    assert (f.ws / f"m{item}.txt").read_text().splitlines() == [victim.name]
+    rows = {r["step"]: r for r in c.db.manifest()}
+    assert all(rows[f"M[{i}]"]["ok"] for i in range(ITEMS)), rows
+    for w in c.workers:
+        if w is not victim:
+            no_tree_left(w)
+
+
+# ---------------------------------------------------------------------------------------
+# 5. workers that cannot run the attempt hand it back
+# ---------------------------------------------------------------------------------------
+
+
+def refusals(w: Worker) -> list[str]:
+    return [line for line in w.out().splitlines() if line.startswith("! ")]
+
+
+def test_a_worker_that_cannot_see_the_workspace_or_import_the_flow_hands_the_attempt_back(
+    cluster: Callable[[dict[str, Any]], Cluster], tmp_path: Path
+) -> None:
+    c = cluster(abc_script([bash(COUNT), "B done."]))
+    server, f = c.f.server, c.f
+    elsewhere = tmp_path / "not-here"
+    # A machine where the workspace is not (mapped to a path that does not exist there)...
+    blind = c.worker("BLIND", flags=("--map", f"{f.ws}={elsewhere}"))
+    # ... and one where the flow's package is not installed.
+    lost = c.worker("NOFLOW", env={"PYTHONPATH": ""})
+    sup = c.start(ABC)
+    wait_until(lambda: refusals(blind) and refusals(lost), 60, "both workers to refuse A")
+    assert not asked(server), "an attempt ran on a worker that cannot run it"
+    good = c.worker("OK")
+
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    assert {sender(r) for r in asked(server)} == {good.name}
+    assert good.took("A") == good.took("B") == good.took("C") == 1
+    for w, why in ((blind, str(elsewhere)), (lost, "tests.flows.cluster")):
+        said = [line for line in w.out().splitlines() if not line.startswith("-- worker ")]
+        assert said and said == refusals(w), f"{w.name} said more than one line each:\n{w.out()}"
+        assert all(why in line for line in said), said
+        assert not w.took("A") and "Traceback" not in w.out()
+    assert not elsewhere.exists(), "something ran in a directory that is not the workspace"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [good.name]
+
+
+# ---------------------------------------------------------------------------------------
+# 6. no API key in Temporal
+# ---------------------------------------------------------------------------------------
+
+
+def test_no_api_key_reaches_any_temporal_payload_or_history(
+    cluster: Callable[[dict[str, Any]], Cluster], tmp_path: Path
+) -> None:
+    """A Temporal server of this test's own, so its whole database can be read; a run with a
+    takeover (a killed worker), so attempts, heartbeats and a failure are all in it."""
+    import asyncio
+    import secrets
+
+    from temporalio.client import Client
+
+    from flower.testing.temporal import start_temporal
+
+    key = f"sk-ant-api03-{secrets.token_hex(16)}"
+    server_t = start_temporal(tmp_path / "temporal")
+    try:
+        c = cluster(abc_script(B_WAITS), target=server_t.target)
+        c.f.env["ANTHROPIC_API_KEY"] = key  # the supervisor's machine and every worker's
+        c.worker("W1")
+        c.worker("W2")
+        sup = c.start(ABC)
+        waiting_on(c.f.server, "B", 1)
+        victim = c.running("B")
+        sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+        wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+        kill_worker(victim)
+        out = finish(c, sup)
+        assert sup.returncode == 0, out + c.logs_text()
+
+        async def everything() -> list[Any]:
+            client = await Client.connect(server_t.target)
+            seen: list[Any] = []
+            async for a in client.list_activities(f'TaskQueue="{c.queue}"'):
+                d = await client.get_activity_handle(a.activity_id).describe(
+                    include_input=True,
+                    include_outcome=True,
+                    include_heartbeat_details=True,
+                    include_last_failure=True,
+                )
+                failure = await d.outcome_failure()
+                seen.append([a.activity_id, await d.input(), await d.heartbeat_details(), failure])
+                with contextlib.suppress(Exception):
+                    seen.append(await d.result())
+            return seen
+
+        seen = asyncio.run(everything())
+        assert len(seen) >= 4, seen  # A, B's two tries... at least A, B, C
+        text = json.dumps(seen, default=str)
+        assert "B" in text and key not in text
+        stored = server_t.stored_bytes()
+        assert c.queue.encode() in stored  # what was read is this run's
+        assert key.encode() not in stored, "the API key is in Temporal's database"
+        assert key[-20:].encode() not in stored
+    finally:
+        server_t.stop()
