@@ -370,6 +370,8 @@ def test_kill9_of_the_worker_running_b_hands_b_to_the_other_in_its_own_session(
 
     out = finish(c, sup)
     assert sup.returncode == 0, out + c.logs_text()
+    # The terminal says where B went: the same session, carried on by the other worker.
+    assert f"worker pid {other.proc.pid},第 2 次派发" in out, out
     after = [r for r in asked(server) if r.seq > killed_at]
     assert not [r for r in after if r.conversation == "A"], "A was sent to the model again"
     resumed = [r for r in after if r.conversation == "B"]
@@ -538,9 +540,13 @@ def test_kill9_of_the_supervisor_leaves_b_running_and_the_same_command_reattache
     # B's conversation goes on where it runs: the same CLI, still waiting on its answer.
     assert all(alive(p) for p in cli), "B's CLI died with the supervisor"
 
+    assert not re.search(r"^\+ B ", runner.out(), re.M), "B ended before the re-attach"
     again = c.start(ABC)  # the same command
     out = finish(c, again)
     assert again.returncode == 0, out + c.logs_text()
+    # It re-attached: it shows B where it runs, from its first tool call to its answer.
+    assert f"worker pid {runner.proc.pid})" in out and "B done." in out, out
+    assert "* Bash  " + COUNT in out, out
     b = [r for r in asked(server) if r.conversation == "B"]
     assert [r.turn for r in b] == [0, 1], "B was asked again: its first attempt is not the only one"
     assert {r.session_id for r in b} == {sid} and {sender(r) for r in b} == {runner.name}
@@ -706,9 +712,10 @@ def test_no_api_key_reaches_any_temporal_payload_or_history(
         out = finish(c, sup)
         assert sup.returncode == 0, out + c.logs_text()
 
-        async def everything() -> list[Any]:
+        async def everything() -> dict[str, list[Any]]:
+            """Every payload Temporal keeps of each attempt this run dispatched."""
             client = await Client.connect(server_t.target)
-            seen: list[Any] = []
+            seen: dict[str, list[Any]] = {}
             async for a in client.list_activities(f'TaskQueue="{c.queue}"'):
                 d = await client.get_activity_handle(a.activity_id).describe(
                     include_input=True,
@@ -716,16 +723,23 @@ def test_no_api_key_reaches_any_temporal_payload_or_history(
                     include_heartbeat_details=True,
                     include_last_failure=True,
                 )
-                failure = await d.outcome_failure()
-                seen.append([a.activity_id, await d.input(), await d.heartbeat_details(), failure])
-                with contextlib.suppress(Exception):
-                    seen.append(await d.result())
+                seen[a.activity_id] = [
+                    d.attempt,
+                    await d.input(),
+                    await d.heartbeat_details(),
+                    await d.result(),
+                    str(await d.outcome_failure()),
+                    str(d.raw_info),  # the whole description, last failure included
+                ]
             return seen
 
         seen = asyncio.run(everything())
-        assert len(seen) >= 4, seen  # A, B's two tries... at least A, B, C
-        text = json.dumps(seen, default=str)
-        assert "B" in text and key not in text
+        assert sorted(i.rsplit("/", 2)[-2] for i in seen) == ["A", "B", "C"], seen
+        attempts = {i.rsplit("/", 2)[-2]: v[0] for i, v in seen.items()}
+        assert attempts["B"] == 2, seen  # the takeover is in what was read
+        text = json.dumps(seen, default=str, ensure_ascii=False)
+        assert "[[B]]" in text, text  # the orders themselves were read
+        assert key not in text and key[-20:] not in text, "the API key is in an attempt"
         stored = server_t.stored_bytes()
         assert c.queue.encode() in stored  # what was read is this run's
         assert key.encode() not in stored, "the API key is in Temporal's database"
