@@ -408,7 +408,7 @@ _ = kill  # tests.e2e's, for the supervisor
 # ---------------------------------------------------------------------------------------
 
 LATE = f"echo ${WORKER_ENV} >> b-late.txt"
-FROZEN_ANSWER_S = 2  # B's second answer reaches the frozen worker's socket while it sleeps
+FROZEN_ANSWER_S = 3  # B's second answer reaches the frozen worker's socket while it sleeps
 
 
 def freeze(w: Worker) -> list[psutil.Process]:
@@ -449,6 +449,12 @@ def test_a_frozen_worker_s_attempt_moves_and_on_waking_it_sends_nothing_writes_n
     wait_until(lambda: c.db.epoch(sid) > epoch, 30, "the takeover to own B's session")
     took_over_at = max((seq for seq, _ in c.db.entries(sid)), default=0)
     woke_at = max(r.seq for r in server.requests)
+    wait_until(
+        lambda: time.time() > held.time + FROZEN_ANSWER_S + 0.5,
+        30,
+        "B's late answer to be sent to the frozen CLI",
+        interval=0.1,
+    )
     for p in frozen:
         with contextlib.suppress(psutil.Error):
             p.resume()
@@ -569,7 +575,7 @@ def test_kill9_of_the_supervisor_leaves_b_running_and_the_same_command_reattache
 # ---------------------------------------------------------------------------------------
 
 ITEMS = 8
-ITEM_S = 2  # each item's second answer waits this long the first time it is asked
+ITEM_S = 4  # each item's second answer waits this long the first time: time to kill in
 
 
 def spread_script() -> dict[str, Any]:
