@@ -752,3 +752,90 @@ def test_no_api_key_reaches_any_temporal_payload_or_history(
         assert key[-20:].encode() not in stored
     finally:
         server_t.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# beyond the six: a worker killed while B's tool runs; SIGTERM of the supervisor
+# ---------------------------------------------------------------------------------------
+
+SLOW_TOOL = (
+    f"echo ${WORKER_ENV} >> tool-started.txt; "
+    "python3 -c \"import pathlib,time; pathlib.Path('tool.running').touch(); time.sleep(300)\""
+)
+
+
+def test_kill9_of_the_worker_while_b_s_tool_runs_tells_the_takeover_its_effect_is_unknown(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    from flower.state.ledger import NOT_FINISHED_TEXT
+
+    c = cluster(abc_script([bash(SLOW_TOOL), {"text": "B done."}]))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    wait_until(lambda: (f.ws / "tool.running").exists(), 90, "B's slow tool to start")
+    victim = c.running("B")
+    other = next(w for w in c.workers if w is not victim)
+    sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+    killed_at = max(r.seq for r in server.requests)
+    assert kill_worker(victim) == -signal.SIGKILL
+    # The tool's own python process goes with the worker's tree.
+    wait_until(lambda: not victim.survivors(), 10, f"{victim.name}'s tree to be gone")
+
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    resumed = [r for r in asked(server) if r.seq > killed_at and r.conversation == "B"]
+    assert resumed and {r.session_id for r in resumed} == {sid}
+    assert {sender(r) for r in resumed} == {other.name}
+    assert not [r for r in asked(server) if r.answer == "rejected"], "a tool_use went unanswered"
+    results = [
+        b
+        for m in resumed[0].messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
+    assert any(NOT_FINISHED_TEXT in json.dumps(b, ensure_ascii=False) for b in results), results
+    assert (f.ws / "tool-started.txt").read_text().splitlines() == [victim.name], (
+        "the interrupted tool call was run again"
+    )
+    assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+    no_tree_left(other)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_of_the_supervisor_stops_b_on_its_worker_and_the_next_run_continues(
+    cluster: Callable[[dict[str, Any]], Cluster], sig: int
+) -> None:
+    c = cluster(abc_script(B_WAITS))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    waiting_on(server, "B", 1)
+    runner = c.running("B")
+    sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+    wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+    tree = runner.attempt_tree()
+    assert tree, f"no attempt under {runner.name}"
+
+    assert kill(sup, sig) == -sig  # died of the signal: a shell sees 128+n
+    # Its attempt on the worker is stopped too: the worker ends the attempt's whole tree.
+    wait_until(lambda: not [p for p in tree if alive(p)], 15, "B's tree on its worker to end")
+    assert re.search(r"^x B ", runner.out(), re.M), runner.out()
+    rows = c.db.rows("B")
+    assert [(r["ok"], r["error"]) for r in rows] == [(False, "killed-by-signal")], rows
+    assert rows[0]["session_id"] == sid
+    f.assert_no_survivors(within=5.0)
+
+    again = c.start(ABC)
+    out = finish(c, again)
+    assert again.returncode == 0, out + c.logs_text()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert {r.session_id for r in b} == {sid}, "B did not continue its own session"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [runner.name]
+    assert [r["error"] for r in c.db.rows("B")] == ["killed-by-signal", None]
+    assert len([r for r in asked(server) if r.conversation == "A"]) == 1
+    for w in c.workers:
+        no_tree_left(w)
