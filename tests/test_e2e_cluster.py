@@ -312,7 +312,9 @@ def finish(c: Cluster, proc: subprocess.Popen[bytes], timeout: float = 120) -> s
         raise AssertionError(
             f"the supervisor did not finish in {timeout}s:\n{out.decode()}\n{c.logs_text()}"
         ) from None
-    return out.decode("utf-8", "replace")
+    text = out.decode("utf-8", "replace")
+    (c.logs / f"supervisor-{proc.pid}.out").write_text(text)  # kept with the workers' logs
+    return text
 
 
 def waiting_on(server: ModelServer, conversation: str, turn: int, timeout: float = 90) -> Any:
@@ -464,6 +466,7 @@ def test_a_frozen_worker_s_attempt_moves_and_on_waking_it_sends_nothing_writes_n
     out = finish(c, sup)
     assert sup.returncode == 0, out + c.logs_text()
 
+    assert out.count(LATE) == 1, out  # the terminal shows nothing of the woken attempt
     late_b = [r for r in asked(server) if r.seq > woke_at and r.conversation == "B"]
     assert not [r for r in late_b if sender(r) == victim.name], (
         "the frozen worker sent a request for B after it woke"
@@ -839,3 +842,35 @@ def test_sigterm_or_sighup_of_the_supervisor_stops_b_on_its_worker_and_the_next_
     assert len([r for r in asked(server) if r.conversation == "A"]) == 1
     for w in c.workers:
         no_tree_left(w)
+
+
+WORKER_TERM_S = 6  # B's second answer waits this long: the worker is told to stop meanwhile
+
+
+def test_sigterm_of_a_worker_finishes_b_where_it_runs_and_takes_nothing_more(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    slow = {"text": "B done.", "delay": WORKER_TERM_S, "times": 1}
+    c = cluster(abc_script([bash(COUNT), slow]))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    held = waiting_on(server, "B", 1)
+    runner = c.running("B")
+    other = next(w for w in c.workers if w is not runner)
+    runner.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "SIGTERM" in runner.out(), 10, f"{runner.name} to say it stops")
+    assert runner.proc.wait(timeout=60) == 0, runner.out()  # once B is done
+    assert re.search(r"^\+ B  ok", runner.out(), re.M), runner.out()
+
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert [r.turn for r in b] == [0, 1] and b[1].seq == held.seq, "B was not finished in place"
+    assert {sender(r) for r in b} == {runner.name}
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [runner.name]
+    assert {sender(r) for r in asked(server) if r.conversation == "C"} == {other.name}
+    assert [r["ok"] for r in c.db.rows("B")] == [True]
+    wait_until(lambda: not runner.survivors(), 10, f"{runner.name}'s processes to end")
+    no_tree_left(other)
