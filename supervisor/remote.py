@@ -319,6 +319,10 @@ class TemporalPlacement:
     ask: Callable[[Ask], Awaitable[str | None]] | None = None
     store: dict[str, Any] = field(default_factory=dict)  # the Runtime's trim, keep_denials
     on_placed: Callable[[str, str, dict[str, Any]], None] | None = None
+    #: Called with (label, activity id) before the activity is started: a supervisor killed
+    #: from then on finds the id on record and attaches to it, even while it waits in the
+    #: queue for a worker (the worker's ``placed`` frame comes only once one takes it).
+    on_dispatch: Callable[[str, str], None] | None = None
     on_ended: Callable[[str], None] | None = None
     adopted: dict[str, str] = field(default_factory=dict)  # label -> a running activity id
     _sent: dict[str, int] = field(default_factory=dict)
@@ -362,15 +366,19 @@ class TemporalPlacement:
 
     async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
         from temporalio.common import ActivityIDConflictPolicy, ActivityIDReusePolicy, RetryPolicy
+        from temporalio.exceptions import ActivityAlreadyStartedError
 
         await self.connect()
         started = time.time()
         adopted = self.adopted.pop(call.label, None)
         activity_id = adopted or self._next_id(call)
         mailbox = self._mailbox(activity_id)
-        if adopted:
-            handle = self._client.get_activity_handle(activity_id)
-        else:
+        if self.on_dispatch is not None:
+            self.on_dispatch(call.label, activity_id)
+        # Started with its deterministic id, or attached to when that id exists already: an
+        # attempt a killed supervisor left (running, queued or ended) is never started twice,
+        # and one it had put on record but not yet started is started now.
+        try:
             order = Order(
                 id=activity_id,
                 run=self.run_id,
@@ -397,6 +405,8 @@ class TemporalPlacement:
                 ),
                 summary=f"{call.label} (run {self.run_id})",
             )
+        except ActivityAlreadyStartedError:
+            handle = self._client.get_activity_handle(activity_id)
         self._running[activity_id] = mailbox
         watch.on_handle(_Remote(mailbox))
         try:
