@@ -874,3 +874,26 @@ def test_sigterm_of_a_worker_finishes_b_where_it_runs_and_takes_nothing_more(
     assert [r["ok"] for r in c.db.rows("B")] == [True]
     wait_until(lambda: not runner.survivors(), 10, f"{runner.name}'s processes to end")
     no_tree_left(other)
+
+
+def test_kill9_of_the_supervisor_while_a_waits_for_a_worker_dispatches_a_once(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """A supervisor killed while its attempt waits in the queue (no worker has taken it, so
+    no worker said where it runs): the same command again attaches to that attempt instead
+    of dispatching A a second time (it used to: A ran twice, in two sessions)."""
+    c = cluster(abc_script([bash(COUNT), "B done."]))
+    server = c.f.server
+    sup = c.start(ABC)  # no worker yet: A waits in the queue
+    wait_until(lambda: activity_ids(c.target, c.queue), 60, "A to be dispatched", interval=0.2)
+    assert kill(sup) == -signal.SIGKILL
+    again = c.start(ABC)  # the same command
+    c.worker("W1")
+    out = finish(c, again)
+    assert again.returncode == 0, out + c.logs_text()
+    a = [r for r in asked(server) if r.conversation == "A"]
+    assert len(a) == 1, f"A was dispatched twice: {activity_ids(c.target, c.queue)}"
+    ids = [i for i in activity_ids(c.target, c.queue) if "/A/" in i]
+    assert len(ids) == 1, ids
+    assert [r["ok"] for r in c.db.rows("A")] == [True]
+    assert (c.f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
