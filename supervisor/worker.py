@@ -293,6 +293,7 @@ class Attempts:
 
         answers: dict[str, asyncio.Future[str | None]] = {}
         handles: list[Any] = [None]
+        told_to_stop: list[str] = []  # the supervisor's Shutdown: its reason
 
         async def relay(question: Ask) -> str | None:
             waiting = asyncio.get_running_loop().create_future()
@@ -328,6 +329,7 @@ class Attempts:
                     if waiting is not None and not waiting.done():
                         waiting.set_result(item.text if item.state == "answered" else None)
                 elif isinstance(item, Shutdown):
+                    told_to_stop.append(item.reason)
                     work.cancel()
 
         async def beat() -> None:
@@ -344,11 +346,30 @@ class Attempts:
             # tree ends now, nothing more is written or sent.
             forked.stop_now()
             say(t("worker.stopped", label=call.label))
+            if told_to_stop and not _cancelled_by_temporal():
+                # The supervisor stopped it (SIGTERM, SIGHUP, Ctrl-C twice): the attempt is
+                # over for good. A cancellation Temporal did not ask for would count as a
+                # failure and be retried, and each retry would read the same Shutdown again.
+                from temporalio.exceptions import ApplicationError
+
+                raise ApplicationError(
+                    told_to_stop[0] or "stopped", type="Stopped", non_retryable=True
+                ) from None
             raise
         finally:
             for task in helpers:
                 task.cancel()
             await forked.close()
+
+
+def _cancelled_by_temporal() -> bool:
+    """Has Temporal asked this activity to stop (its lease is gone, or it was cancelled)?"""
+    from temporalio import activity
+
+    try:
+        return activity.is_cancelled()
+    except RuntimeError:  # not in an activity
+        return False
 
 
 def _call_of(order: Order, spec: Any) -> StepCall:
