@@ -175,6 +175,13 @@ class Worker:
         """How many tries of ``label`` this worker took (its "> LABEL  (run …" lines)."""
         return len(re.findall(rf"^> {re.escape(label)}  \(", self.out(), re.M))
 
+    def tries(self, label: str) -> list[tuple[str, int]]:
+        """(run, dispatch try) of every try of ``label`` this worker took."""
+        found = re.findall(
+            rf"^> {re.escape(label)}  \(run (\S+?),第 (\d+) 次派发\)", self.out(), re.M
+        )
+        return [(run, int(n)) for run, n in found]
+
     def attempt_tree(self) -> list[psutil.Process]:
         """What runs below the worker: its step children, their CLIs and tool shells."""
         try:
@@ -528,6 +535,20 @@ def activity_ids(target: str, queue: str) -> list[str]:
     return sorted(asyncio.run(main()))
 
 
+def activity_closed(target: str, activity_id: str) -> bool:
+    """Has Temporal closed this attempt (completed, failed, cancelled: not running)?"""
+    import asyncio
+
+    from temporalio.client import ActivityExecutionStatus, Client
+
+    async def main() -> bool:
+        client = await Client.connect(target)
+        d = await client.get_activity_handle(activity_id).describe()
+        return bool(d.status != ActivityExecutionStatus.RUNNING)
+
+    return asyncio.run(main())
+
+
 def test_kill9_of_the_supervisor_leaves_b_running_and_the_same_command_reattaches(
     cluster: Callable[[dict[str, Any]], Cluster],
 ) -> None:
@@ -824,9 +845,12 @@ def test_sigterm_or_sighup_of_the_supervisor_stops_b_on_its_worker_and_the_next_
     assert tree, f"no attempt under {runner.name}"
 
     assert kill(sup, sig) == -sig  # died of the signal: a shell sees 128+n
-    # Its attempt on the worker is stopped too: the worker ends the attempt's whole tree.
+    # Its attempt on the worker is stopped too: the worker ends the attempt's whole tree,
+    # and the attempt is over in Temporal (never retried on a worker with nobody to follow).
     wait_until(lambda: not [p for p in tree if alive(p)], 15, "B's tree on its worker to end")
     assert re.search(r"^x B ", runner.out(), re.M), runner.out()
+    (first,) = [i for i in activity_ids(c.target, c.queue) if "/B/" in i]
+    wait_until(lambda: activity_closed(c.target, first), 15, "B's attempt to close in Temporal")
     rows = c.db.rows("B")
     assert [(r["ok"], r["error"]) for r in rows] == [(False, "killed-by-signal")], rows
     assert rows[0]["session_id"] == sid
@@ -840,6 +864,9 @@ def test_sigterm_or_sighup_of_the_supervisor_stops_b_on_its_worker_and_the_next_
     assert (f.ws / "b-ran.txt").read_text().splitlines() == [runner.name]
     assert [r["error"] for r in c.db.rows("B")] == ["killed-by-signal", None]
     assert len([r for r in asked(server) if r.conversation == "A"]) == 1
+    old_run = first.split("/")[1]
+    stopped = [t for w in c.workers for t in w.tries("B") if t[0] == old_run]
+    assert len(stopped) == 1, f"the stopped attempt was tried again: {stopped}"
     for w in c.workers:
         no_tree_left(w)
 
