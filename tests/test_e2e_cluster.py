@@ -924,3 +924,20 @@ def test_kill9_of_the_supervisor_while_a_waits_for_a_worker_dispatches_a_once(
     assert len(ids) == 1, ids
     assert [r["ok"] for r in c.db.rows("A")] == [True]
     assert (c.f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+
+
+def test_sigterm_of_the_supervisor_while_a_waits_for_a_worker_leaves_nothing_to_run(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """The supervisor stopped while its attempt waits in the queue: a worker that takes it
+    later runs nothing of it (no model request, no tool) and the attempt closes."""
+    c = cluster(abc_script([bash(COUNT), "B done."]))
+    server = c.f.server
+    sup = c.start(ABC)  # no worker yet: A waits in the queue
+    (first,) = wait_until(lambda: activity_ids(c.target, c.queue), 60, "A's dispatch", 0.2)
+    assert kill(sup, signal.SIGTERM) == -signal.SIGTERM
+    w = c.worker("W1")
+    wait_until(lambda: activity_closed(c.target, first), 30, "A's attempt to close")
+    wait_until(lambda: not w.attempt_tree(), 10, "the worker's attempt processes to end")
+    assert not asked(server), "a stopped supervisor's attempt reached the model"
+    assert [r["error"] for r in c.db.rows("A")] == ["killed-by-signal"]
