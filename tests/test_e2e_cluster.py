@@ -689,10 +689,18 @@ def test_a_worker_that_cannot_see_the_workspace_or_import_the_flow_hands_the_att
     elsewhere = tmp_path / "not-here"
     # A machine where the workspace is not (mapped to a path that does not exist there)...
     blind = c.worker("BLIND", flags=("--map", f"{f.ws}={elsewhere}"))
+    # ... one where that path is another directory (not the workspace the attempt is of)...
+    other = tmp_path / "other-checkout"
+    other.mkdir()
+    wrong = c.worker("WRONG", flags=("--map", f"{f.ws}={other}"))
     # ... and one where the flow's package is not installed.
     lost = c.worker("NOFLOW", env={"PYTHONPATH": ""})
     sup = c.start(ABC)
-    wait_until(lambda: refusals(blind) and refusals(lost), 60, "both workers to refuse A")
+    wait_until(
+        lambda: refusals(blind) and refusals(wrong) and refusals(lost),
+        60,
+        "the three workers to refuse A",
+    )
     assert not asked(server), "an attempt ran on a worker that cannot run it"
     good = c.worker("OK")
 
@@ -700,12 +708,14 @@ def test_a_worker_that_cannot_see_the_workspace_or_import_the_flow_hands_the_att
     assert sup.returncode == 0, out + c.logs_text()
     assert {sender(r) for r in asked(server)} == {good.name}
     assert good.took("A") == good.took("B") == good.took("C") == 1
-    for w, why in ((blind, str(elsewhere)), (lost, "tests.flows.cluster")):
+    refused = ((blind, str(elsewhere)), (wrong, str(other)), (lost, "tests.flows.cluster"))
+    for w, why in refused:
         said = [line for line in w.out().splitlines() if not line.startswith("-- worker ")]
         assert said and said == refusals(w), f"{w.name} said more than one line each:\n{w.out()}"
         assert all(why in line for line in said), said
         assert not w.took("A") and "Traceback" not in w.out()
     assert not elsewhere.exists(), "something ran in a directory that is not the workspace"
+    assert not list(other.iterdir()), "something ran in a directory that is not the workspace"
     assert (f.ws / "b-ran.txt").read_text().splitlines() == [good.name]
 
 
