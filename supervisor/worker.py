@@ -243,6 +243,7 @@ class Attempts:
         state = self.state_for(ws, run_dir)
         mailbox = self.mailbox(state, order.id)
         call = _call_of(order, spec)
+        sid = None
         if info.attempt > 1:  # a takeover: continue what the first try started
             sid = _reported_session(mailbox)
             if sid:
@@ -262,6 +263,9 @@ class Attempts:
                     "pid": os.getpid(),
                     "worker": self.cfg.name,
                     "try": info.attempt,
+                    # the session an earlier try began, continued here ("": none, e.g. the
+                    # earlier tries were handed back by workers that could not run it)
+                    "resumes": sid or "",
                 },
                 text="",
                 tool="",
