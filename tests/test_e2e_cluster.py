@@ -702,11 +702,16 @@ def test_a_worker_that_cannot_see_the_workspace_or_import_the_flow_hands_the_att
         "the three workers to refuse A",
     )
     assert not asked(server), "an attempt ran on a worker that cannot run it"
-    good = c.worker("OK")
+    # The one that can reaches the workspace under another path (a mount elsewhere).
+    mount = tmp_path / "mnt-ws"
+    mount.symlink_to(f.ws)
+    good = c.worker("OK", flags=("--map", f"{f.ws}={mount}"))
 
     out = finish(c, sup)
     assert sup.returncode == 0, out + c.logs_text()
     assert {sender(r) for r in asked(server)} == {good.name}
+    assert f"(worker pid {good.proc.pid})" in out, out  # where it runs, said plainly
+    assert "原来的 worker 没了" not in out, "a handed-back attempt was shown as a takeover"
     assert good.took("A") == good.took("B") == good.took("C") == 1
     refused = ((blind, str(elsewhere)), (wrong, str(other)), (lost, "tests.flows.cluster"))
     for w, why in refused:
