@@ -55,7 +55,7 @@ WEIGHT = {
     # Temporal: worker processes killed, frozen, stopped; heartbeat timeouts waited out
     "test_temporal_facts.py": 70,
     # Cluster drills: flower-super workers on Temporal, PostgreSQL state, real CLI turns
-    "test_e2e_cluster.py": 150,
+    "test_e2e_cluster.py": 240,
     "test_temporal_server.py": 20,
 }
 DEFAULT_E2E_WEIGHT = 20

@@ -314,14 +314,27 @@ def finish(c: Cluster, proc: subprocess.Popen[bytes], timeout: float = 120) -> s
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        state = _how_it_is(proc.pid)
         proc.kill()
         out, _ = proc.communicate(timeout=10)
+        (c.logs / f"supervisor-{proc.pid}.out").write_bytes(out)
         raise AssertionError(
-            f"the supervisor did not finish in {timeout}s:\n{out.decode()}\n{c.logs_text()}"
+            f"the supervisor did not finish in {timeout}s ({state}):\n{out.decode()}\n"
+            + c.logs_text()
         ) from None
     text = out.decode("utf-8", "replace")
     (c.logs / f"supervisor-{proc.pid}.out").write_text(text)  # kept with the workers' logs
     return text
+
+
+def _how_it_is(pid: int) -> str:
+    """A hung process, described: running or exited, its threads and children."""
+    try:
+        p = psutil.Process(pid)
+        kids = ", ".join(f"{k.pid} {_cmd(k)}" for k in p.children(recursive=True))
+        return f"{p.status()}, {p.num_threads()} threads, children: {kids or 'none'}"
+    except psutil.Error as exc:
+        return f"gone: {exc}"
 
 
 def waiting_on(server: ModelServer, conversation: str, turn: int, timeout: float = 90) -> Any:
