@@ -3,8 +3,12 @@
 Each attempt of a step (a map item, a judge round) is a Temporal *standalone activity*
 (:data:`ACTIVITY`) on a task queue, started with a deterministic id (run, label, the
 placement's count of that label's dispatches) and ``REJECT_DUPLICATE``: a supervisor never
-dispatches the same attempt twice, and a restarted one finds a running attempt by its id and
-attaches to it (:meth:`TemporalPlacement.adopt`). A ``flower-super worker`` on any machine
+dispatches the same attempt twice. The id is on record (the run's registry, ``placed``) before
+the activity starts, so a restarted supervisor finds every attempt its killed predecessor
+dispatched — running, still waiting in the queue, or ended meanwhile — and attaches to it
+(:attr:`TemporalPlacement.adopted`; starting an id that exists attaches to it). An attempt
+the supervisor stops (SIGTERM, SIGHUP) ends for good: its worker fails it as not retryable.
+A ``flower-super worker`` on any machine
 runs it in a forked step child exactly as the supervisor runs one locally
 (:mod:`supervisor.worker`).
 
