@@ -333,7 +333,7 @@ class TemporalPlacement:
     _client: Any = None
     _runtime: Any = None
     _pump: Pump | None = None
-    _running: dict[str, Mailbox] = field(default_factory=dict)
+    _running: dict[str, tuple[str, Mailbox]] = field(default_factory=dict)  # id -> label, mailbox
 
     def __post_init__(self) -> None:
         if getattr(self.state, "kind", "local") == "local":
@@ -411,7 +411,7 @@ class TemporalPlacement:
             )
         except ActivityAlreadyStartedError:
             handle = self._client.get_activity_handle(activity_id)
-        self._running[activity_id] = mailbox
+        self._running[activity_id] = (call.label, mailbox)
         watch.on_handle(_Remote(mailbox))
         try:
             return await self._follow(call, mailbox, handle, watch, started)
@@ -493,8 +493,12 @@ class TemporalPlacement:
     def stop_now(self) -> None:
         """SIGTERM/SIGHUP, Ctrl-C twice: every running attempt is told to stop (its worker
         ends its process tree); synchronous, so a signal handler can."""
-        for mailbox in list(self._running.values()):
+        for label, mailbox in list(self._running.values()):
             mailbox.send(down(mailbox.id), Shutdown(reason="the supervisor stopped"))
+            # Off the record: the next start of this flow must not attach to an attempt
+            # that was told to stop (it would show it failing, then dispatch again).
+            if self.on_ended is not None:
+                self.on_ended(label)
         self._running.clear()
 
 
