@@ -1005,3 +1005,46 @@ def test_kill9_of_the_supervisor_mid_map_the_same_command_attaches_to_every_item
     assert sum(len(w.tries(f"M[{i}]")) for w in workers for i in range(ITEMS)) == ITEMS
     for w in workers:
         no_tree_left(w)
+
+
+def test_ctrl_c_twice_stops_b_on_its_worker_and_the_next_run_continues_it_in_place(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """Ctrl-C twice on the supervisor's terminal (exit 130) with B on a worker: B's attempt
+    there ends for good; the same command again continues B's session."""
+    from tests.e2e import Pty
+
+    c = cluster(abc_script(B_WAITS))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    term = Pty(f, f.argv("start", "--flow", ABC, "-w", str(f.ws), "-r", str(f.runs)))
+    try:
+        waiting_on(server, "B", 1)
+        runner = c.running("B")
+        sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+        wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+        tree = runner.attempt_tree()
+        term.type(b"\x03")
+        term.expect("已打断这一轮")
+        term.type(b"\x03")
+        assert term.wait() == 130, term.pump()
+    finally:
+        term.close()
+    wait_until(lambda: not [p for p in tree if alive(p)], 15, "B's tree on its worker to end")
+    (first,) = [i for i in activity_ids(c.target, c.queue) if "/B/" in i]
+    wait_until(lambda: activity_closed(c.target, first), 15, "B's attempt to close in Temporal")
+    f.assert_no_survivors(within=5.0)
+
+    again = c.start(ABC)
+    out = finish(c, again)
+    assert again.returncode == 0, out + c.logs_text()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert {r.session_id for r in b} == {sid}, "B did not continue its own session"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [runner.name]
+    rows = c.db.rows("B")
+    assert [(r["ok"], r["attempts"]) for r in rows] == [(True, 1)], rows
+    assert "~ " not in out, "the stopped attempt was attached to and shown failing"
+    assert len([i for i in activity_ids(c.target, c.queue) if "/B/" in i]) == 2
+    for w in c.workers:
+        no_tree_left(w)
