@@ -1048,3 +1048,40 @@ def test_ctrl_c_twice_stops_b_on_its_worker_and_the_next_run_continues_it_in_pla
     assert len([i for i in activity_ids(c.target, c.queue) if "/B/" in i]) == 2
     for w in c.workers:
         no_tree_left(w)
+
+
+def test_ctrl_c_once_and_a_sentence_reach_b_on_its_worker_in_b_s_own_session(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """Ctrl-C once on the supervisor's terminal while B waits on a worker, then a sentence:
+    B's attempt there is interrupted and B's own session goes on with what was said."""
+    from tests.e2e import Pty
+
+    said = "please also write a summary"
+    c = cluster(abc_script(B_WAITS))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    term = Pty(f, f.argv("start", "--flow", ABC, "-w", str(f.ws), "-r", str(f.runs)))
+    try:
+        waiting_on(server, "B", 1)
+        sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+        wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+        runner = c.running("B")
+        term.type(b"\x03")
+        term.expect("已打断这一轮")
+        term.type(said.encode() + b"\n")
+        assert term.wait() == 0, term.pump() + c.logs_text()
+    finally:
+        term.close()
+    heard = [
+        r for r in asked(server) if r.conversation == "B" and any(said in t for t in r.texts())
+    ]
+    assert heard, "the sentence typed after Ctrl-C never reached B"
+    assert {r.session_id for r in heard} == {sid}, "the interrupt did not continue B's session"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [runner.name]
+    rows = c.db.rows("B")
+    assert [(r["ok"], r["session_id"]) for r in rows] == [(True, sid)], rows
+    assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+    for w in c.workers:
+        no_tree_left(w)
