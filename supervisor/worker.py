@@ -70,6 +70,10 @@ define(
             "> {label}  (run {run}, dispatch try {attempt})",
         ),
         "worker.done": ("+ {label}  {outcome}", "+ {label}  {outcome}"),
+        "worker.interrupted": (
+            "被打断了(supervisor 那边按了 Ctrl-C),同一个会话会接着做",
+            "interrupted (Ctrl-C at its supervisor); the same session goes on",
+        ),
         "worker.stopped": (
             "x {label}  停了:supervisor 叫停,或者租约没了(别的 worker 接手了);进程树已结束",
             "x {label}  stopped: its supervisor said so, or its lease is gone (another worker "
@@ -282,17 +286,31 @@ class Attempts:
             no_auto_compact=bool(order.seat.get("no_auto_compact")),
         )
         self.running += 1
+        interrupted: list[bool] = []
         try:
-            result = await self._attempt(call, seat, mailbox, order.id)
+            result = await self._attempt(call, seat, mailbox, order.id, interrupted)
         finally:
             self.running -= 1
         mailbox.send(up(order.id), Result(fields=dict(jsonable(result.to_dict()))))
-        say(t("worker.done", label=label, outcome="ok" if result.ok else (result.error or "")))
+        if result.ok:
+            outcome = "ok"
+        elif interrupted:  # the CLI's own words for a cut turn are no news to a person
+            outcome = t("worker.interrupted")
+        else:
+            outcome = result.error or ""
+        say(t("worker.done", label=label, outcome=outcome))
         return dict(jsonable(result.to_dict()))
 
     async def _attempt(
-        self, call: StepCall, seat: Seat, mailbox: Mailbox, activity_id: str
+        self,
+        call: StepCall,
+        seat: Seat,
+        mailbox: Mailbox,
+        activity_id: str,
+        interrupted: list[bool],
     ) -> StepResult:
+        """Run ``call`` in a forked child, relaying both ways; ``interrupted`` gets an entry
+        when the supervisor's interrupt reached the child."""
         from temporalio import activity
 
         answers: dict[str, asyncio.Future[str | None]] = {}
@@ -327,6 +345,7 @@ class Attempts:
         async def listen() -> None:
             async for item in mailbox.frames(down(activity_id)):
                 if isinstance(item, Interrupt) and handles[0] is not None:
+                    interrupted.append(True)
                     await handles[0].interrupt()
                 elif isinstance(item, Answer):
                     waiting = answers.get(item.id)
