@@ -1083,5 +1083,8 @@ def test_ctrl_c_once_and_a_sentence_reach_b_on_its_worker_in_b_s_own_session(
     rows = c.db.rows("B")
     assert [(r["ok"], r["session_id"]) for r in rows] == [(True, sid)], rows
     assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+    # The worker says it in its own words (the CLI's diagnostic for a cut turn is not one).
+    assert re.search(r"^\+ B  被打断了", runner.out(), re.M), runner.out()
+    assert "ede_diagnostic" not in c.logs_text()
     for w in c.workers:
         no_tree_left(w)
