@@ -885,7 +885,8 @@ def test_sigterm_or_sighup_of_the_supervisor_stops_b_on_its_worker_and_the_next_
     # Its attempt on the worker is stopped too: the worker ends the attempt's whole tree,
     # and the attempt is over in Temporal (never retried on a worker with nobody to follow).
     wait_until(lambda: not [p for p in tree if alive(p)], 15, "B's tree on its worker to end")
-    assert re.search(r"^x B ", runner.out(), re.M), runner.out()
+    # ... and says so (its line comes just after the tree has ended)
+    wait_until(lambda: re.search(r"^x B ", runner.out(), re.M), 10, f"{runner.name}'s line")
     (first,) = [i for i in activity_ids(c.target, c.queue) if "/B/" in i]
     wait_until(lambda: activity_closed(c.target, first), 15, "B's attempt to close in Temporal")
     rows = c.db.rows("B")
