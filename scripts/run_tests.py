@@ -55,6 +55,8 @@ WEIGHT = {
     "test_pg_server.py": 15,
     # Temporal: worker processes killed, frozen, stopped; heartbeat timeouts waited out
     "test_temporal_facts.py": 70,
+    # Cluster drills: flower-super workers on Temporal, PostgreSQL state, real CLI turns
+    "test_e2e_cluster.py": 240,
     "test_temporal_server.py": 20,
     # a whole local cluster (flower-super cluster up: Temporal, PostgreSQL, 2 workers) twice
     "test_e2e_readme_cluster.py": 45,

@@ -3,8 +3,12 @@
 Each attempt of a step (a map item, a judge round) is a Temporal *standalone activity*
 (:data:`ACTIVITY`) on a task queue, started with a deterministic id (run, label, the
 placement's count of that label's dispatches) and ``REJECT_DUPLICATE``: a supervisor never
-dispatches the same attempt twice, and a restarted one finds a running attempt by its id and
-attaches to it (:meth:`TemporalPlacement.adopt`). A ``flower-super worker`` on any machine
+dispatches the same attempt twice. The id is on record (the run's registry, ``placed``) before
+the activity starts, so a restarted supervisor finds every attempt its killed predecessor
+dispatched — running, still waiting in the queue, or ended meanwhile — and attaches to it
+(:attr:`TemporalPlacement.adopted`; starting an id that exists attaches to it). An attempt
+the supervisor stops (SIGTERM, SIGHUP) ends for good: its worker fails it as not retryable.
+A ``flower-super worker`` on any machine
 runs it in a forked step child exactly as the supervisor runs one locally
 (:mod:`supervisor.worker`).
 
@@ -320,6 +324,10 @@ class TemporalPlacement:
     ask: Callable[[Ask], Awaitable[str | None]] | None = None
     store: dict[str, Any] = field(default_factory=dict)  # the Runtime's trim, keep_denials
     on_placed: Callable[[str, str, dict[str, Any]], None] | None = None
+    #: Called with (label, activity id) before the activity is started: a supervisor killed
+    #: from then on finds the id on record and attaches to it, even while it waits in the
+    #: queue for a worker (the worker's ``placed`` frame comes only once one takes it).
+    on_dispatch: Callable[[str, str], None] | None = None
     on_ended: Callable[[str], None] | None = None
     adopted: dict[str, str] = field(default_factory=dict)  # label -> a running activity id
     # The flow's HumanChannel here. A worker builds the flow again, so a question from one
@@ -332,7 +340,7 @@ class TemporalPlacement:
     _client: Any = None
     _runtime: Any = None
     _pump: Pump | None = None
-    _running: dict[str, Mailbox] = field(default_factory=dict)
+    _running: dict[str, tuple[str, Mailbox]] = field(default_factory=dict)  # id -> label, mailbox
 
     def __post_init__(self) -> None:
         if getattr(self.state, "kind", "local") == "local":
@@ -369,15 +377,19 @@ class TemporalPlacement:
 
     async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
         from temporalio.common import ActivityIDConflictPolicy, ActivityIDReusePolicy, RetryPolicy
+        from temporalio.exceptions import ActivityAlreadyStartedError
 
         await self.connect()
         started = time.time()
         adopted = self.adopted.pop(call.label, None)
         activity_id = adopted or self._next_id(call)
         mailbox = self._mailbox(activity_id)
-        if adopted:
-            handle = self._client.get_activity_handle(activity_id)
-        else:
+        if self.on_dispatch is not None:
+            self.on_dispatch(call.label, activity_id)
+        # Started with its deterministic id, or attached to when that id exists already: an
+        # attempt a killed supervisor left (running, queued or ended) is never started twice,
+        # and one it had put on record but not yet started is started now.
+        try:
             order = Order(
                 id=activity_id,
                 run=self.run_id,
@@ -404,7 +416,9 @@ class TemporalPlacement:
                 ),
                 summary=f"{call.label} (run {self.run_id})",
             )
-        self._running[activity_id] = mailbox
+        except ActivityAlreadyStartedError:
+            handle = self._client.get_activity_handle(activity_id)
+        self._running[activity_id] = (call.label, mailbox)
         watch.on_handle(_Remote(mailbox))
         try:
             return await self._follow(call, mailbox, handle, watch, started)
@@ -488,8 +502,12 @@ class TemporalPlacement:
     def stop_now(self) -> None:
         """SIGTERM/SIGHUP, Ctrl-C twice: every running attempt is told to stop (its worker
         ends its process tree); synchronous, so a signal handler can."""
-        for mailbox in list(self._running.values()):
+        for label, mailbox in list(self._running.values()):
             mailbox.send(down(mailbox.id), Shutdown(reason="the supervisor stopped"))
+            # Off the record: the next start of this flow must not attach to an attempt
+            # that was told to stop (it would show it failing, then dispatch again).
+            if self.on_ended is not None:
+                self.on_ended(label)
         self._running.clear()
 
 

@@ -209,14 +209,19 @@ def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
             rt.note(placed={k: v for k, v in record.placed.items() if k != label})
 
     placement.channel = wf.channel
+
+    def dispatched(label: str, activity_id: str) -> None:
+        placed(label, activity_id, {})  # on record before it starts; where, once a worker has it
+
     placement.on_placed, placement.on_ended = placed, ended
+    placement.on_dispatch = dispatched
     placement.adopted = _left_running(rt, wf)
     return placement
 
 
 def _left_running(rt: Runtime, wf: Workflow) -> dict[str, str]:
     """Attempts the last run of this flow here left on the cluster: its supervisor is gone
-    (killed), the attempt was placed and never ended (label -> activity id)."""
+    (killed), the attempt was dispatched and never ended (label -> activity id)."""
     mine = [r for r in rt.state.registry.records() if r.flow == wf.name and r.run != rt.run_id]
     if not mine or mine[-1].alive or mine[-1].state not in ("running", "interrupted"):
         return {}

@@ -69,6 +69,10 @@ define(
             "      {step}:{done} 项已完成",
             "      {step}: {done} {done|item|items} done",
         ),
+        "status.queued": (
+            "      @ {label}  在队列里等一个 worker",
+            "      @ {label}  waits on the queue for a worker",
+        ),
         "status.placed": (
             "      @ {label}  在 {host} 上跑(worker pid {pid},第 {n} 次派发)",
             "      @ {label}  runs on {host} (worker pid {pid}, dispatch try {n})",
@@ -350,6 +354,9 @@ def _flower_lines(f: FlowerView) -> list[str]:
     )
     out = [head, detail]
     for label, where in r.placed.items():  # attempts on cluster workers, where each runs
+        if not where.get("host"):  # dispatched, on the queue: no worker has taken it yet
+            out.append(t("status.queued", label=label))
+            continue
         out.append(
             t(
                 "status.placed",

@@ -423,10 +423,11 @@ class Terminal:
         self._began(label)
 
     def _ev_placed(self, ev: Event) -> None:
-        """Where an attempt on a cluster runs (its worker's machine and pid; a try after the
-        first is a takeover: its first worker died or froze)."""
+        """Where an attempt on a cluster runs (its worker's machine and pid; a takeover says
+        so: an earlier try's worker died or froze, and this one continues its session)."""
         p = ev.payload
-        key = "term.placed.again" if int(p.get("try") or 1) > 1 else "term.placed"
+        takeover = bool(p["resumes"]) if "resumes" in p else int(p.get("try") or 1) > 1
+        key = "term.placed.again" if takeover else "term.placed"
         self.say("  " + t(key, host=p.get("host", "?"), pid=p.get("pid", "?"), n=p.get("try", 1)))
 
     def _ev_refused(self, ev: Event) -> None:

@@ -70,6 +70,10 @@ define(
             "> {label}  (run {run}, dispatch try {attempt})",
         ),
         "worker.done": ("+ {label}  {outcome}", "+ {label}  {outcome}"),
+        "worker.interrupted": (
+            "被打断了(supervisor 那边按了 Ctrl-C),同一个会话会接着做",
+            "interrupted (Ctrl-C at its supervisor); the same session goes on",
+        ),
         "worker.stopped": (
             "x {label}  停了:supervisor 叫停,或者租约没了(别的 worker 接手了);进程树已结束",
             "x {label}  stopped: its supervisor said so, or its lease is gone (another worker "
@@ -268,6 +272,7 @@ class Attempts:
         state = self.state_for(ws, run_dir)
         mailbox = self.mailbox(state, order.id)
         call = _call_of(order, spec)
+        sid = None
         if info.attempt > 1:  # a takeover: continue what the first try started
             sid = _reported_session(mailbox)
             if sid:
@@ -287,6 +292,9 @@ class Attempts:
                     "pid": os.getpid(),
                     "worker": self.cfg.name,
                     "try": info.attempt,
+                    # the session an earlier try began, continued here ("": none, e.g. the
+                    # earlier tries were handed back by workers that could not run it)
+                    "resumes": sid or "",
                 },
                 text="",
                 tool="",
@@ -303,21 +311,36 @@ class Attempts:
             no_auto_compact=bool(order.seat.get("no_auto_compact")),
         )
         self.running += 1
+        interrupted: list[bool] = []
         try:
-            result = await self._attempt(call, seat, mailbox, order.id)
+            result = await self._attempt(call, seat, mailbox, order.id, interrupted)
         finally:
             self.running -= 1
         mailbox.send(up(order.id), Result(fields=dict(jsonable(result.to_dict()))))
-        say(t("worker.done", label=label, outcome="ok" if result.ok else (result.error or "")))
+        if result.ok:
+            outcome = "ok"
+        elif interrupted:  # the CLI's own words for a cut turn are no news to a person
+            outcome = t("worker.interrupted")
+        else:
+            outcome = result.error or ""
+        say(t("worker.done", label=label, outcome=outcome))
         return dict(jsonable(result.to_dict()))
 
     async def _attempt(
-        self, call: StepCall, seat: Seat, mailbox: Mailbox, activity_id: str
+        self,
+        call: StepCall,
+        seat: Seat,
+        mailbox: Mailbox,
+        activity_id: str,
+        interrupted: list[bool],
     ) -> StepResult:
+        """Run ``call`` in a forked child, relaying both ways; ``interrupted`` gets an entry
+        when the supervisor's interrupt reached the child."""
         from temporalio import activity
 
         answers: dict[str, asyncio.Future[str | None]] = {}
         handles: list[Any] = [None]
+        told_to_stop: list[str] = []  # the supervisor's Shutdown: its reason
 
         async def relay(question: Ask) -> str | None:
             waiting = asyncio.get_running_loop().create_future()
@@ -347,12 +370,14 @@ class Attempts:
         async def listen() -> None:
             async for item in mailbox.frames(down(activity_id)):
                 if isinstance(item, Interrupt) and handles[0] is not None:
+                    interrupted.append(True)
                     await handles[0].interrupt()
                 elif isinstance(item, Answer):
                     waiting = answers.get(item.id)
                     if waiting is not None and not waiting.done():
                         waiting.set_result(item.text if item.state == "answered" else None)
                 elif isinstance(item, Shutdown):
+                    told_to_stop.append(item.reason)
                     work.cancel()
 
         async def beat() -> None:
@@ -369,11 +394,30 @@ class Attempts:
             # tree ends now, nothing more is written or sent.
             forked.stop_now()
             say(t("worker.stopped", label=call.label))
+            if told_to_stop and not _cancelled_by_temporal():
+                # The supervisor stopped it (SIGTERM, SIGHUP, Ctrl-C twice): the attempt is
+                # over for good. A cancellation Temporal did not ask for would count as a
+                # failure and be retried, and each retry would read the same Shutdown again.
+                from temporalio.exceptions import ApplicationError
+
+                raise ApplicationError(
+                    told_to_stop[0] or "stopped", type="Stopped", non_retryable=True
+                ) from None
             raise
         finally:
             for task in helpers:
                 task.cancel()
             await forked.close()
+
+
+def _cancelled_by_temporal() -> bool:
+    """Has Temporal asked this activity to stop (its lease is gone, or it was cancelled)?"""
+    from temporalio import activity
+
+    try:
+        return activity.is_cancelled()
+    except RuntimeError:  # not in an activity
+        return False
 
 
 def _call_of(order: Order, spec: Any) -> StepCall:
