@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from flower.testing.model_server import ModelServer
-from flower.testing.postgres import PgServer, start_postgres
+from flower.testing.postgres import PgServer, postgres_server
 from flower.testing.pytest_postgres import database_url
 from tests.e2e import wait_until
 from tests.e2e_pg import PgFlower
@@ -43,11 +43,9 @@ AFTER_RESULT = {"last-prompt"}  # what it appends after its result (not mirrored
 
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[PgServer]:
-    server = start_postgres(durable=False)
-    try:
+    """A server of the module's own: its tests stop and start it."""
+    with postgres_server(durable=False) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

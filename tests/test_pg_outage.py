@@ -34,7 +34,7 @@ from flower.state.postgres import (
 )
 from flower.state.postgres.spool import spool_dir
 from flower.state.seam import Superseded
-from flower.testing.postgres import PgServer, start_postgres
+from flower.testing.postgres import PgServer, postgres_server
 from flower.testing.pytest_postgres import database_url
 
 # initdb + start of this module's own server: ~1 s idle, 5 s measured on a loaded machine.
@@ -50,11 +50,9 @@ def e(i: int) -> dict:
 
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[PgServer]:
-    server = start_postgres(durable=False)
-    try:
+    """A server of the module's own: its tests stop and start it."""
+    with postgres_server(durable=False) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
