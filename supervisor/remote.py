@@ -420,13 +420,25 @@ class TemporalPlacement:
             handle = self._client.get_activity_handle(activity_id)
         self._running[activity_id] = (call.label, mailbox)
         watch.on_handle(_Remote(mailbox))
+        returned = False
         try:
-            return await self._follow(call, mailbox, handle, watch, started)
+            out = await self._follow(call, mailbox, handle, watch, started)
+            returned = True
+            return out
         finally:
             watch.on_handle(None)
             self._running.pop(activity_id, None)
-            if self.on_ended is not None:
+            # An attempt that returned stays on record until the loop has written its step's
+            # row (:meth:`recorded`): a supervisor killed in between must find it and take
+            # its result again, not continue the step's session as if it had never ended.
+            if not returned and self.on_ended is not None:
                 self.on_ended(call.label)
+
+    def recorded(self, label: str) -> None:
+        """The loop wrote ``label``'s manifest row (``Runtime.on_result``): the attempt that
+        made it leaves the record (a later start reuses the row instead)."""
+        if self.on_ended is not None and label not in {lb for lb, _ in self._running.values()}:
+            self.on_ended(label)
 
     async def _follow(
         self, call: StepCall, mailbox: Mailbox, handle: Any, watch: Watch, started: float

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from flower import FlowerError, Runtime, Workbench
 from flower.i18n import define, t
 from flower.state.registry import INTERRUPTED, KILLED
+from flower.state.result import StepResult
 from flower.state.reuse import report_lines
 from flower.step.attempt import preload
 from flower.step.proctree import PROCS
@@ -215,17 +217,19 @@ def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
 
     placement.on_placed, placement.on_ended = placed, ended
     placement.on_dispatch = dispatched
-    placement.adopted = _left_running(rt, wf)
+    rt.left_placed = _left_running(rt, wf)
+    placement.adopted = {label: str(p["id"]) for label, p in rt.left_placed.items()}
     return placement
 
 
-def _left_running(rt: Runtime, wf: Workflow) -> dict[str, str]:
+def _left_running(rt: Runtime, wf: Workflow) -> dict[str, dict[str, Any]]:
     """Attempts the last run of this flow here left on the cluster: its supervisor is gone
-    (killed), the attempt was dispatched and never ended (label -> activity id)."""
+    (killed), the attempt was dispatched and its step's row never written (label -> its
+    ``placed`` entry)."""
     mine = [r for r in rt.state.registry.records() if r.flow == wf.name and r.run != rt.run_id]
     if not mine or mine[-1].alive or mine[-1].state not in ("running", "interrupted"):
         return {}
-    return {label: str(p.get("id")) for label, p in mine[-1].placed.items() if p.get("id")}
+    return {label: dict(p) for label, p in mine[-1].placed.items() if p.get("id")}
 
 
 def _workbench(wf: Workflow, args: StartArgs) -> Any:
@@ -251,7 +255,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     # "net" verdict just starts the run; a flow whose steps need no model is not held up).
     unreachable(rt.resilience, term.say)
     term.rt = rt
-    rt.on_result = term.row_done  # every attempt's and judge round's cost on its own line
+    rt.on_result = _on_result(rt, term)
     term.oracle = Oracle(
         rt.run_dir,
         rt.workspace,
@@ -291,6 +295,19 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         term.say(line)
     term.closing(rt)
     return 0
+
+
+def _on_result(rt: Runtime, term: Terminal) -> Callable[[StepResult], None]:
+    """What follows a manifest row this process wrote: its cost on a line of its own (every
+    attempt's and judge round's); on a cluster, the attempt that made it leaves the record."""
+    recorded = getattr(rt.placement, "recorded", None)
+
+    def written(result: StepResult) -> None:
+        term.row_done(result)
+        if recorded is not None:
+            recorded(result.step)
+
+    return written
 
 
 async def _settle_state(rt: Runtime, term: Terminal) -> None:

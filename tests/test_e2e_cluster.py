@@ -1015,6 +1015,58 @@ def test_kill9_of_the_supervisor_mid_map_the_same_command_attaches_to_every_item
         no_tree_left(w)
 
 
+def blocked_on_the_manifest(c: Cluster, but: int = 0, timeout: float = 60) -> int:
+    """The PostgreSQL backend (pid) whose write of a manifest row waits on our lock (not
+    ``but``, one already terminated that may still be on its way out)."""
+    sql = (
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        """ AND query LIKE '%%INTO "flower".manifest%%' AND pid <> %s"""
+    )
+    return int(wait_until(lambda: c.db.query(sql, but), timeout, "a manifest write")[0][0])
+
+
+def test_kill9_of_supervisors_between_b_s_result_and_its_row_takes_b_s_result_once(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """The supervisor has B's result from its worker and dies before B's manifest row is in
+    PostgreSQL (here the row's write waits on a lock the test holds); the next start dies
+    too, before it reaches B. The third takes B's result from its ended attempt: B is not
+    asked again, its tool not run again, its attempt not dispatched again (once, in CI, the
+    first half of this made a map item's session go on for a third request)."""
+    import psycopg
+
+    c = cluster(abc_script([bash(COUNT), {"text": "B done.", "delay": 3, "times": 1}]))
+    server, f = c.f.server, c.f
+    runner = c.worker("W1")
+    sup = c.start(ABC)
+    waiting_on(server, "B", 1)  # B's last answer is 3 s away
+    with psycopg.connect(c.dsn) as lock:
+        lock.execute("LOCK TABLE flower.manifest IN EXCLUSIVE MODE")  # writes wait; reads go
+        first = blocked_on_the_manifest(c)  # B's result came: its row waits
+        assert kill(sup) == -signal.SIGKILL
+        # The machine is gone: its write never lands (PostgreSQL would finish it otherwise).
+        c.db.query("SELECT pg_terminate_backend(%s)", first)
+        wait_until(lambda: re.search(r"^\+ B ", runner.out(), re.M), 10, "B's end on W1")
+        second = c.start(ABC)
+        writer = blocked_on_the_manifest(c, but=first)  # A's reuse row: before it reaches B
+        assert kill(second) == -signal.SIGKILL
+        c.db.query("SELECT pg_terminate_backend(%s)", writer)
+        lock.rollback()
+    f.assert_no_survivors(within=5.0)
+
+    third = c.start(ABC)
+    out = finish(c, third)
+    assert third.returncode == 0, out + c.logs_text()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert [r.turn for r in b] == [0, 1], f"B was asked {[r.turn for r in b]}"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+    assert [r["ok"] for r in c.db.rows("B")] == [True], c.db.rows("B")
+    assert len([i for i in activity_ids(c.target, c.queue) if "/B/" in i]) == 1
+    assert runner.took("B") == 1
+    assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+    no_tree_left(runner)
+
+
 def test_ctrl_c_twice_stops_b_on_its_worker_and_the_next_run_continues_it_in_place(
     cluster: Callable[[dict[str, Any]], Cluster],
 ) -> None:

@@ -102,6 +102,10 @@ class Runtime:
         # layer shows what every attempt and judge round cost).
         self.on_result: Callable[[StepResult], None] | None = None
         self.record: FlowerRecord | None = None
+        # Attempts on a cluster a killed supervisor of this flow left (label -> its ``placed``
+        # entry): the new record starts with them, so a start killed before attaching to one
+        # still leaves it on record for the next.
+        self.left_placed: dict[str, dict[str, Any]] = {}
         self.interrupts = Interrupts()
         self.windows: dict[str, Window] = {}  # the CLI's real windows, learned per model
         self.in_flight: StepLoop | None = None  # the step running now (rescue() writes it)
@@ -238,6 +242,7 @@ class Runtime:
             steps=list(steps),
             host=this_host(),
             workspace_id=self.state.workspace_id,
+            placed={k: dict(v) for k, v in self.left_placed.items()},
         )
         self.note()
 
@@ -345,6 +350,8 @@ class Runtime:
             attempts=0,
             context=result.context,
         )
+        if self.record is not None and result.step in self.record.placed:  # nothing to attach to
+            self.note(placed={k: v for k, v in self.record.placed.items() if k != result.step})
         try:
             self.manifest.record(row, {"reused": scope, "saved_usd": round(result.cost_usd, 6)})
         except OSError as exc:
