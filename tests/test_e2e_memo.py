@@ -268,4 +268,7 @@ def test_kill_9_mid_map_resumes_the_unfinished_item_in_its_own_session(model_ser
     assert "m-item" not in after, after  # the nine finished items: no request
     resumed = [r for r in server.requests[mark:] if r.conversation == "slow"]
     assert resumed and {r.session_id for r in resumed} == {doomed}
+    # The reuse report says why it ran: it had begun (was "never ran" unless it was the
+    # item started last).
+    assert "> read[5]  执行:上次没跑完" in out, out
     f.assert_no_survivors()

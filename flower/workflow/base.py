@@ -467,6 +467,8 @@ class _Run:
                 # "you were interrupted" text; an item that changed: its new prompt.
                 cut = resume is not None and self.prior is not None and not done
                 text = rt.resilience.resume_prompt if cut else prompt
+                if cut and why.get("key") == "memo.why.never":  # it had begun: say so
+                    why = reason("memo.why.unfinished")
                 result = await rt.run(
                     step.spec,
                     text,
