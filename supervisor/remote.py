@@ -29,7 +29,8 @@ that attaches later (it reads the mailbox from the start), and answers in about 
 Temporal's own job: place the attempt on a worker with a free slot, notice within
 :data:`HEARTBEAT_TIMEOUT_S` that its worker is gone (killed or frozen), and start it again
 elsewhere; the new worker continues the attempt's own session from PostgreSQL (its epoch
-fences out the old one's writes).
+fences out the old one's writes), or, when the old one had sent the attempt's result before
+it died, returns that result and runs nothing.
 """
 
 from __future__ import annotations

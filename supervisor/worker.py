@@ -79,6 +79,10 @@ define(
             "x {label}  stopped: its supervisor said so, or its lease is gone (another worker "
             "took it over); its process tree is ended",
         ),
+        "worker.had_result": (
+            "= {label}  上一次派发已经跑完(结果在它的信箱里),不再跑",
+            "= {label}  an earlier try of it ended with a result (in its mailbox): not run again",
+        ),
         "worker.refused": (
             "! {label} 还回队列:{why}",
             "! {label} goes back to the queue: {why}",
@@ -273,15 +277,20 @@ class Attempts:
         mailbox = self.mailbox(state, order.id)
         call = _call_of(order, spec)
         sid = None
+        say(t("worker.took", label=label, run=order.run, attempt=info.attempt))
         if info.attempt > 1:  # a takeover: continue what the first try started
-            sid = _reported_session(mailbox)
+            sid, ended = _earlier_try(mailbox)
+            if ended is not None:
+                # That try sent its result and died before Temporal heard it had ended:
+                # the supervisor has the result (and may be steps further). Nothing to run.
+                say(t("worker.had_result", label=label))
+                return ended
             if sid:
                 from flower.step.resilience import Resilience
 
                 call = call.attempting(
                     resume=sid, fork=False, resume_at=None, prompt=Resilience().resume_prompt
                 )
-        say(t("worker.took", label=label, run=order.run, attempt=info.attempt))
         mailbox.send(
             up(order.id),
             EventMsg(
@@ -435,15 +444,18 @@ def _call_of(order: Order, spec: Any) -> StepCall:
     )
 
 
-def _reported_session(mailbox: Mailbox) -> str | None:
-    """The session the attempt's earlier try reported (its last ``session`` frame)."""
-    sid = None
+def _earlier_try(mailbox: Mailbox) -> tuple[str | None, dict[str, Any] | None]:
+    """What the attempt's earlier tries reported: the session (its last ``session`` frame)
+    and the result, when one of them got as far as sending it."""
+    sid, ended = None, None
     for _, event in mailbox.rows.read(up(mailbox.id), 0):
         with contextlib.suppress(Exception):
             item = decode(str(event.get("line", "")))
             if isinstance(item, Session):
                 sid = item.session_id
-    return sid
+            elif isinstance(item, Result):
+                ended = dict(item.fields)
+    return sid, ended
 
 
 def _frame(ev: Event) -> EventMsg:

@@ -1067,6 +1067,48 @@ def test_kill9_of_supervisors_between_b_s_result_and_its_row_takes_b_s_result_on
     no_tree_left(runner)
 
 
+def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to_run(
+    cluster: Callable[[dict[str, Any]], Cluster], tmp_path: Path
+) -> None:
+    """W1 sends B's result and dies before Temporal hears that B's attempt ended (a Temporal
+    server of this test's own is frozen from B's last answer until W1 is killed). Temporal
+    hands B to W2: W2 finds the result in B's mailbox and runs nothing (it used to continue
+    B's finished session: one more request, and B's work again beside C's)."""
+    from flower.testing.temporal import temporal_server
+
+    ended = (
+        "SELECT count(*) FROM flower.events WHERE run LIKE %s"
+        """ AND event->>'line' LIKE '%%"type":"result"%%'"""
+    )
+    with temporal_server(tmp_path / "temporal") as temporal:
+        c = cluster(abc_script([bash(COUNT), {"text": "B done.", "delay": 2, "times": 1}]))
+        c = Cluster(c.f, temporal.target, c.queue, c.dsn, tmp_path / "own-workers")
+        server, f = c.f.server, c.f
+        try:
+            w1 = c.worker("W1")
+            sup = c.start(ABC)
+            waiting_on(server, "B", 1)  # B's last answer is 2 s away
+            os.killpg(temporal.pid, signal.SIGSTOP)
+            try:
+                wait_until(lambda: c.db.query(ended, "attempt/%/B/%/up")[0][0], 30, "B's end")
+                kill_worker(w1)
+            finally:
+                os.killpg(temporal.pid, signal.SIGCONT)
+            w2 = c.worker("W2")
+            out = finish(c, sup)
+            assert sup.returncode == 0, out + c.logs_text()
+            wait_until(lambda: w2.took("B"), 60, "B's takeover on W2")
+            wait_until(lambda: re.search(r"^[=+] B ", w2.out(), re.M), 60, "W2 to end B")
+        finally:
+            c.stop()
+    assert re.search(r"^= B ", w2.out(), re.M), w2.out()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert [r.turn for r in b] == [0, 1], f"B was asked {[r.turn for r in b]}"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+    assert [r["ok"] for r in c.db.rows("B")] == [True]
+    assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+
+
 def test_ctrl_c_twice_stops_b_on_its_worker_and_the_next_run_continues_it_in_place(
     cluster: Callable[[dict[str, Any]], Cluster],
 ) -> None:
