@@ -458,7 +458,10 @@ class TemporalPlacement:
                     try:
                         item = await asyncio.wait_for(nxt, LAST_FRAMES_S)
                     except TimeoutError:
-                        return _failed(call, started, t("remote.failed", why=done.result()))
+                        ended = done.result()
+                        if isinstance(ended, dict):  # its result, though never as a frame
+                            return StepResult.from_dict(ended)
+                        return _failed(call, started, t("remote.failed", why=ended))
                 else:
                     item = nxt.result()
                 out = self._take(call, mailbox, item, watch, asking)
@@ -524,13 +527,16 @@ class TemporalPlacement:
         self._running.clear()
 
 
-async def _outcome(handle: Any) -> str:
-    """Why the activity ended without a result frame (it waits for the end)."""
+async def _outcome(handle: Any) -> str | dict[str, Any]:
+    """How the activity ended (it waits for the end): what it returned, when that is a
+    step's result (a worker returns the one it sent as a frame), else why it gave none."""
     try:
-        await handle.result()
+        value = await handle.result()
     except Exception as exc:  # noqa: BLE001 - said as the attempt's error
         cause = getattr(exc, "cause", None)
         return str(cause or exc)
+    if isinstance(value, dict) and isinstance(value.get("step"), str):
+        return value
     return "it returned without a result frame"
 
 

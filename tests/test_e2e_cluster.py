@@ -1067,6 +1067,9 @@ def test_kill9_of_supervisors_between_b_s_result_and_its_row_takes_b_s_result_on
     no_tree_left(runner)
 
 
+RESULT_FRAME = """event->>'line' LIKE '%%"type":"result"%%'"""  # an attempt's result frame, in SQL
+
+
 def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to_run(
     cluster: Callable[[dict[str, Any]], Cluster], tmp_path: Path
 ) -> None:
@@ -1076,10 +1079,7 @@ def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to
     B's finished session: one more request, and B's work again beside C's)."""
     from flower.testing.temporal import temporal_server
 
-    ended = (
-        "SELECT count(*) FROM flower.events WHERE run LIKE %s"
-        """ AND event->>'line' LIKE '%%"type":"result"%%'"""
-    )
+    ended = f"SELECT count(*) FROM flower.events WHERE run LIKE %s AND {RESULT_FRAME}"
     with temporal_server(tmp_path / "temporal") as temporal:
         c = cluster(abc_script([bash(COUNT), {"text": "B done.", "delay": 2, "times": 1}]))
         c = Cluster(c.f, temporal.target, c.queue, c.dsn, tmp_path / "own-workers")
@@ -1107,6 +1107,37 @@ def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to
     assert (f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
     assert [r["ok"] for r in c.db.rows("B")] == [True]
     assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+
+
+def test_an_attempt_whose_result_frame_is_lost_gives_its_result_all_the_same(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """The supervisor is killed while B runs; B ends on its worker, and its result frame is
+    lost from B's mailbox (deleted here). The same command again attaches to B's ended
+    attempt and takes the result the activity returned: B is not run again."""
+    c = cluster(abc_script([bash(COUNT), {"text": "B done.", "delay": 3, "times": 1}]))
+    server, f = c.f.server, c.f
+    runner = c.worker("W1")
+    sup = c.start(ABC)
+    waiting_on(server, "B", 1)
+    assert kill(sup) == -signal.SIGKILL
+    wait_until(lambda: re.search(r"^\+ B ", runner.out(), re.M), 30, "B to end on W1")
+    (b_id,) = [i for i in activity_ids(c.target, c.queue) if "/B/" in i]
+    wait_until(lambda: activity_closed(c.target, b_id), 15, "B's attempt to close in Temporal")
+    gone = c.db.query(
+        f"DELETE FROM flower.events WHERE run = %s AND {RESULT_FRAME} RETURNING pos",
+        f"attempt/{b_id}/up",
+    )
+    assert len(gone) == 1, gone
+
+    again = c.start(ABC)
+    out = finish(c, again)
+    assert again.returncode == 0, out + c.logs_text()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert [r.turn for r in b] == [0, 1], f"B was asked {[r.turn for r in b]}"
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+    assert [(r["ok"], r["text"]) for r in c.db.rows("B")] == [(True, "B done.")]
+    assert [i for i in activity_ids(c.target, c.queue) if "/B/" in i] == [b_id]
 
 
 def test_ctrl_c_twice_stops_b_on_its_worker_and_the_next_run_continues_it_in_place(
