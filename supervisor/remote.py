@@ -53,6 +53,7 @@ from flower.state.result import StepResult
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
 from ipc import (
+    Answer,
     Ask,
     EventMsg,
     Failure,
@@ -422,8 +423,11 @@ class TemporalPlacement:
         self._running[activity_id] = (call.label, mailbox)
         watch.on_handle(_Remote(mailbox))
         returned = False
+        # Attached to an attempt an earlier supervisor followed: its frames are read again
+        # from the first, and a question that supervisor had answered is not asked again.
+        answered = _answered(mailbox) if adopted else set()
         try:
-            out = await self._follow(call, mailbox, handle, watch, started)
+            out = await self._follow(call, mailbox, handle, watch, started, answered)
             returned = True
             return out
         finally:
@@ -442,7 +446,13 @@ class TemporalPlacement:
             self.on_ended(label)
 
     async def _follow(
-        self, call: StepCall, mailbox: Mailbox, handle: Any, watch: Watch, started: float
+        self,
+        call: StepCall,
+        mailbox: Mailbox,
+        handle: Any,
+        watch: Watch,
+        started: float,
+        answered: set[str],
     ) -> StepResult:
         """Read the attempt's frames to its result; the activity's end settles what the
         frames could not (it failed for good, or was cancelled)."""
@@ -464,6 +474,8 @@ class TemporalPlacement:
                         return _failed(call, started, t("remote.failed", why=ended))
                 else:
                     item = nxt.result()
+                if isinstance(item, Ask) and item.id in answered:
+                    continue
                 out = self._take(call, mailbox, item, watch, asking)
                 if out is not None:
                     return out
@@ -525,6 +537,21 @@ class TemporalPlacement:
             if self.on_ended is not None:
                 self.on_ended(label)
         self._running.clear()
+
+
+def _answered(mailbox: Mailbox) -> set[str]:
+    """The ids of the questions an attempt was sent answers to (its down mailbox)."""
+    ids: set[str] = set()
+    try:
+        rows = mailbox.rows.read(down(mailbox.id), 0)
+    except Exception:  # noqa: BLE001 - the database is away: a question may be asked twice
+        return ids
+    for _, event in rows:
+        with contextlib.suppress(ProtocolError, TypeError, AttributeError):
+            item = decode(str(event.get("line", "")))
+            if isinstance(item, Answer):
+                ids.add(item.id)
+    return ids
 
 
 async def _outcome(handle: Any) -> str | dict[str, Any]:

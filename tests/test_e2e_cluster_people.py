@@ -191,3 +191,51 @@ def test_a_line_typed_while_a_step_runs_on_a_worker_reaches_its_inbox(model_serv
     assert any(said in results_of(r) for r in work[1:]), [results_of(r) for r in work]
     f.assert_no_survivors()
     no_attempt_left(cluster.workers)
+
+
+def test_a_question_answered_before_the_supervisor_was_killed_is_not_asked_again(
+    model_server, cluster
+):
+    """The person answers the clarifier's question (on a worker), the supervisor is killed
+    -9 while the clarifier goes on, and the same command again attaches to the clarifier's
+    attempt: it shows what ran, but never the answered question again (it used to ask it
+    again, and the new answer went nowhere)."""
+    from tests.e2e import kill
+
+    script = starter_script(work=[[WRITE_HI]], questions=[("Which file?", ["hi.txt", "bye.txt"])])
+    (clarifier,) = [c for c in script["conversations"] if c["name"] == "clarifier"]
+    brief = clarifier["turns"][-1]
+    held = brief if isinstance(brief, dict) else {"text": brief}
+    clarifier["turns"][-1] = {**held, "delay": 10, "times": 1}  # time to kill and start again
+    server = model_server(script)
+    f, flags = cluster(server)
+    argv = flower_argv(f, flags, "make a file")
+    term = Pty(f, argv)
+    try:
+        term.expect("Which file?", timeout=120)
+        term.type("1\r")
+        wait_until(
+            lambda: [
+                r
+                for r in server.requests
+                if r.conversation == "clarifier" and "hi.txt" in results_of(r)
+            ],
+            60,
+            "the answer to reach the clarifier",
+        )
+        assert kill(term.proc) == -signal.SIGKILL
+    finally:
+        term.close()
+    again = Pty(f, argv)  # the same command
+    try:
+        assert again.wait(timeout=180) == 0, again.pump()
+        screen = again.pump()
+    finally:
+        again.close()
+    assert "Which file?" not in screen, screen
+    assert "worker pid" in screen, screen  # it attached to the clarifier on the worker
+    log = (f.ws / ".flower" / "notes" / "问答记录.md").read_text(encoding="utf-8")
+    assert log.count("Which file?") == 1, log
+    assert (f.ws / "hi.txt").read_text() == "hi\n"
+    f.assert_no_survivors()
+    no_attempt_left(cluster.workers)
