@@ -133,7 +133,9 @@ def test_postgres_stopped_for_10s_mid_step(
     assert [r.session_id for r in asked] == [sid] * 3
     sent = tool_ids(asked[-1].messages)
     assert len(sent) == 4 and tool_ids([e["message"] for e in stored if "message" in e]) == sent
-    assert "second done." in json.dumps(stored[-1], ensure_ascii=False)
+    # (the CLI may write bookkeeping entries after it, such as an "atis-latch": seen in CI)
+    last = [e for e in stored if e.get("type") == "assistant"][-1]
+    assert "second done." in json.dumps(last, ensure_ascii=False)
 
     # The ledger has both calls finished; the manifest, the registry and the event log
     # every row the supervisor wrote during the outage.
