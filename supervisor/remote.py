@@ -221,6 +221,15 @@ class Mailbox:
             log.warning("%s", t("remote.failed", why=exc))
             return False
 
+    def read(self, key: str) -> list[Message]:
+        """Every frame under ``key`` so far, decoded (one that does not decode is left
+        out); raises what reading the database raises."""
+        out: list[Message] = []
+        for _, event in self.rows.read(key, 0):
+            with contextlib.suppress(ProtocolError, TypeError, AttributeError):
+                out.append(decode(str(event.get("line", ""))))
+        return out
+
     async def frames(
         self, key: str, after: int = 0
     ) -> AsyncGenerator[Message | ProtocolError, None]:
@@ -541,17 +550,11 @@ class TemporalPlacement:
 
 def _answered(mailbox: Mailbox) -> set[str]:
     """The ids of the questions an attempt was sent answers to (its down mailbox)."""
-    ids: set[str] = set()
     try:
-        rows = mailbox.rows.read(down(mailbox.id), 0)
+        frames = mailbox.read(down(mailbox.id))
     except Exception:  # noqa: BLE001 - the database is away: a question may be asked twice
-        return ids
-    for _, event in rows:
-        with contextlib.suppress(ProtocolError, TypeError, AttributeError):
-            item = decode(str(event.get("line", "")))
-            if isinstance(item, Answer):
-                ids.add(item.id)
-    return ids
+        return set()
+    return {item.id for item in frames if isinstance(item, Answer)}
 
 
 async def _outcome(handle: Any) -> str | dict[str, Any]:

@@ -26,7 +26,6 @@ Credentials come from this machine (the same lookup order as ``flower``); the st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -43,7 +42,7 @@ from flower.i18n import define, t
 from flower.state.result import Event, StepResult, jsonable
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
-from ipc import Answer, Ask, EventMsg, Interrupt, Result, Session, Shutdown, decode
+from ipc import Answer, Ask, EventMsg, Interrupt, Result, Session, Shutdown
 
 from .placement import Forked
 from .remote import (
@@ -448,13 +447,11 @@ def _earlier_try(mailbox: Mailbox) -> tuple[str | None, dict[str, Any] | None]:
     """What the attempt's earlier tries reported: the session (its last ``session`` frame)
     and the result, when one of them got as far as sending it."""
     sid, ended = None, None
-    for _, event in mailbox.rows.read(up(mailbox.id), 0):
-        with contextlib.suppress(Exception):
-            item = decode(str(event.get("line", "")))
-            if isinstance(item, Session):
-                sid = item.session_id
-            elif isinstance(item, Result):
-                ended = dict(item.fields)
+    for item in mailbox.read(up(mailbox.id)):
+        if isinstance(item, Session):
+            sid = item.session_id
+        elif isinstance(item, Result):
+            ended = dict(item.fields)
     return sid, ended
 
 

@@ -1015,6 +1015,13 @@ def test_kill9_of_the_supervisor_mid_map_the_same_command_attaches_to_every_item
         no_tree_left(w)
 
 
+def b_ran_once_on_w1(c: Cluster) -> None:
+    """B was asked the model twice (its tool call, its answer) and its tool ran once, on W1."""
+    b = [r for r in asked(c.f.server) if r.conversation == "B"]
+    assert [r.turn for r in b] == [0, 1], f"B was asked {[r.turn for r in b]}"
+    assert (c.f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+
+
 def blocked_on_the_manifest(c: Cluster, but: int = 0, timeout: float = 60) -> int:
     """The PostgreSQL backend (pid) whose write of a manifest row waits on our lock (not
     ``but``, one already terminated that may still be on its way out)."""
@@ -1057,9 +1064,7 @@ def test_kill9_of_supervisors_between_b_s_result_and_its_row_takes_b_s_result_on
     third = c.start(ABC)
     out = finish(c, third)
     assert third.returncode == 0, out + c.logs_text()
-    b = [r for r in asked(server) if r.conversation == "B"]
-    assert [r.turn for r in b] == [0, 1], f"B was asked {[r.turn for r in b]}"
-    assert (f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+    b_ran_once_on_w1(c)
     assert [r["ok"] for r in c.db.rows("B")] == [True], c.db.rows("B")
     assert len([i for i in activity_ids(c.target, c.queue) if "/B/" in i]) == 1
     assert runner.took("B") == 1
@@ -1083,7 +1088,7 @@ def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to
     with temporal_server(tmp_path / "temporal") as temporal:
         c = cluster(abc_script([bash(COUNT), {"text": "B done.", "delay": 2, "times": 1}]))
         c = Cluster(c.f, temporal.target, c.queue, c.dsn, tmp_path / "own-workers")
-        server, f = c.f.server, c.f
+        server = c.f.server
         try:
             w1 = c.worker("W1")
             sup = c.start(ABC)
@@ -1102,9 +1107,7 @@ def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to
         finally:
             c.stop()
     assert re.search(r"^= B ", w2.out(), re.M), w2.out()
-    b = [r for r in asked(server) if r.conversation == "B"]
-    assert [r.turn for r in b] == [0, 1], f"B was asked {[r.turn for r in b]}"
-    assert (f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+    b_ran_once_on_w1(c)
     assert [r["ok"] for r in c.db.rows("B")] == [True]
     assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
 
@@ -1116,7 +1119,7 @@ def test_an_attempt_whose_result_frame_is_lost_gives_its_result_all_the_same(
     lost from B's mailbox (deleted here). The same command again attaches to B's ended
     attempt and takes the result the activity returned: B is not run again."""
     c = cluster(abc_script([bash(COUNT), {"text": "B done.", "delay": 3, "times": 1}]))
-    server, f = c.f.server, c.f
+    server = c.f.server
     runner = c.worker("W1")
     sup = c.start(ABC)
     waiting_on(server, "B", 1)
@@ -1133,9 +1136,7 @@ def test_an_attempt_whose_result_frame_is_lost_gives_its_result_all_the_same(
     again = c.start(ABC)
     out = finish(c, again)
     assert again.returncode == 0, out + c.logs_text()
-    b = [r for r in asked(server) if r.conversation == "B"]
-    assert [r.turn for r in b] == [0, 1], f"B was asked {[r.turn for r in b]}"
-    assert (f.ws / "b-ran.txt").read_text().splitlines() == ["W1"]
+    b_ran_once_on_w1(c)
     assert [(r["ok"], r["text"]) for r in c.db.rows("B")] == [(True, "B done.")]
     assert [i for i in activity_ids(c.target, c.queue) if "/B/" in i] == [b_id]
 
