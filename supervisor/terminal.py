@@ -40,6 +40,7 @@ from typing import Any, TextIO
 
 from flower.i18n import define, t
 from flower.state.result import Event, StepResult
+from flower.step.resilience import LOCAL, TRANSIENT, classify
 from flower.util.sanitize import clean
 from supervisor.columns import cut, fit, line_width, width
 from supervisor.oracle import is_question
@@ -84,6 +85,24 @@ define(
             "~ API 暂时不可用:网络通了再等 {delay} 秒,在同一条会话上接着做(第 {n} 次失败)",
             "~ the API is unavailable for now: {delay} s after the network is back it carries "
             "on in the same session (failure {n})",
+        ),
+        "term.retry.other": (
+            "~ 这次尝试失败了({error}):{delay} 秒后在同一条会话上接着做(第 {n} 次失败)",
+            "~ this attempt failed ({error}); it carries on in the same session in {delay} s "
+            "(failure {n})",
+        ),
+        "term.fresh": (
+            "~ 会话 {session} 接不上了(CLI 说没有这段对话,多半是上次在提示落盘前就被杀了):"
+            "这一步用自己的提示开新会话重来",
+            "~ session {session} cannot be resumed (the CLI has no conversation for it, most "
+            "likely killed before its prompt was stored): the step starts a fresh session with "
+            "its own prompt",
+        ),
+        "term.step.local": (
+            "x {step}  {duration} · ${cost:.4f}  Claude Code 在本机就出错了,一个请求都没发出"
+            "(不是网络问题,不重试):{error}",
+            "x {step}  {duration} · ${cost:.4f}  Claude Code failed on this machine before "
+            "sending any request (not the network; not retried): {error}",
         ),
         "term.offline": (
             "~ 连不上 API,等网络恢复(已等 {elapsed} 秒,每 {every} 秒探一次;Ctrl-C 可以打断)",
@@ -471,9 +490,22 @@ class Terminal:
             self.say("  " + t("term.tool_result", text=first), colour=DIM)
 
     def _ev_retry(self, ev: Event) -> None:
+        """A failed attempt about to be retried: a dead child, the API (a transient error),
+        or something else, said as what it is (only the API's line talks of the network)."""
         p = ev.payload
-        key = "term.retry.died" if DIED in str(p.get("error", "")) else "term.retry.api"
-        self.say("  " + t(key, delay=p.get("delay", 0), n=p.get("attempt")))
+        error = str(p.get("error", ""))
+        if DIED in error:
+            key = "term.retry.died"
+        elif p.get("kind") == TRANSIENT:
+            key = "term.retry.api"
+        else:
+            key = "term.retry.other"
+        line = t(key, delay=p.get("delay", 0), n=p.get("attempt"), error=fit(clean(error), 80))
+        self.say("  " + line)
+
+    def _ev_fresh(self, ev: Event) -> None:
+        """The CLI refused to resume a session: the step starts a fresh one (one line)."""
+        self.say("  " + t("term.fresh", session=str(ev.payload.get("session", "?"))[:8]))
 
     def _ev_offline(self, ev: Event) -> None:
         p = ev.payload
@@ -682,6 +714,9 @@ class Terminal:
         }
         if result.ok:
             self.say("  " + t("term.step.ok", **fields))
+        elif classify(result.error) == LOCAL:
+            fields["error"] = str(result.error).split("): ", 1)[-1]
+            self.say("  " + t("term.step.local", **fields), colour=RED)
         else:
             self.say("  " + t("term.step.failed", **fields), colour=RED)
 

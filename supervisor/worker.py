@@ -82,6 +82,11 @@ define(
             "= {label}  上一次派发已经跑完(结果在它的信箱里),不再跑",
             "= {label}  an earlier try of it ended with a result (in its mailbox): not run again",
         ),
+        "worker.fresh": (
+            "~ {label}  上一次派发的会话 {session} 还没存下对话,接不上:用这一步自己的提示开新会话",
+            "~ {label}  the earlier try's session {session} has no conversation stored and "
+            "cannot be resumed: a fresh session starts with the step's own prompt",
+        ),
         "worker.refused": (
             "! {label} 还回队列:{why}",
             "! {label} goes back to the queue: {why}",
@@ -284,6 +289,12 @@ class Attempts:
                 # the supervisor has the result (and may be steps further). Nothing to run.
                 say(t("worker.had_result", label=label))
                 return ended
+            if sid and not _resumable(state, sid):
+                # Named before its prompt was stored (it cannot be, since 2.1.337's first
+                # entry came first): resuming it would only hear "No conversation found".
+                say(t("worker.fresh", label=label, session=sid[:8]))
+                mailbox.send(up(order.id), _fresh(label, sid))
+                sid = None
             if sid:
                 from flower.step.resilience import Resilience
 
@@ -453,6 +464,20 @@ def _earlier_try(mailbox: Mailbox) -> tuple[str | None, dict[str, Any] | None]:
         elif isinstance(item, Result):
             ended = dict(item.fields)
     return sid, ended
+
+
+def _resumable(state: Any, sid: str) -> bool:
+    """Can the CLI resume ``sid`` from the run state (a database that cannot say: yes)?"""
+    try:
+        return bool(state.sessions.has_session(None, sid))
+    except Exception:  # noqa: BLE001 - try it; the CLI's refusal starts the step afresh
+        return True
+
+
+def _fresh(label: str, sid: str) -> EventMsg:
+    """The step's "fresh" event: ``sid`` cannot be resumed, a new session starts."""
+    payload = {"session": sid, "error": "no conversation stored"}
+    return EventMsg(kind="fresh", step=label, payload=payload, text="", tool="")
 
 
 def _frame(ev: Event) -> EventMsg:

@@ -1,6 +1,7 @@
 """AttemptState's session announcement (pure logic: SDK message objects in, what is
 announced out). The init message names the session before the first request; it is
-announced only once the store holds it, or when a later message names it."""
+announced only once the store holds a conversation the CLI can resume, whatever message
+names it."""
 
 from __future__ import annotations
 
@@ -57,20 +58,37 @@ def test_an_early_session_is_announced_once_the_store_holds_it():
     assert asyncio.run(main()) == ["s1"]
 
 
-def test_a_later_message_announces_it_at_once_and_another_session_replaces_it():
-    async def main() -> tuple[list[str], list[str]]:
-        said_a: list[str] = []
-        a = state(Store(), said_a)
+def test_a_later_message_waits_for_the_store_too_and_another_session_replaces_it():
+    async def main() -> tuple[list[str], list[str], list[str]]:
+        store_a, said_a = Store(), []
+        a = state(store_a, said_a)
         a.see(init("s1"))
-        a.see(reply("s1"))
-        said_b: list[str] = []
-        b = state(Store(), said_b)
+        a.see(reply("s1"))  # the model answered, but the prompt is not stored yet
+        await asyncio.sleep(0.1)
+        early = list(said_a)
+        store_a.stored.add("s1")
+        await asyncio.sleep(0.1)
+        store_b, said_b = Store(), []
+        b = state(store_b, said_b)
         b.see(init("s1"))
         b.see(reply("s2"))  # the CLI went on in another session
+        store_b.stored.update({"s1", "s2"})
         await asyncio.sleep(0.1)
-        return said_a, said_b
+        return early, said_a, said_b
 
-    assert asyncio.run(main()) == (["s1"], ["s2"])
+    assert asyncio.run(main()) == ([], ["s1"], ["s2"])
+
+
+def test_a_session_stored_by_the_result_is_announced_when_the_attempt_ends():
+    async def main() -> tuple[list[str], str | None]:
+        store, said = Store(), []
+        st = state(store, said)
+        st.see(init("s1"))
+        store.stored.add("s1")  # the SDK flushes before the result; no poll came between
+        result = st.finish()
+        return said, result.session_id
+
+    assert asyncio.run(main()) == (["s1"], "s1")
 
 
 def test_an_attempt_ending_before_its_session_was_stored_has_no_session():

@@ -155,6 +155,9 @@ def test_the_helpers(store: PostgresSessionStore) -> None:
     asyncio.run(store.append(KEY, [real, fake]))
     asyncio.run(store.append({**KEY, "subpath": "subagents/x"}, [e(1)]))
     assert store.last_context("proj", "sess") == 16
+    # No user entry yet: nothing the CLI can resume (it answers "No conversation found").
+    assert not store.has_session("proj", "sess") and not store.has_session(None, "sess")
+    asyncio.run(store.append(KEY, [{"type": "user", "uuid": "p1", "message": {"content": "go"}}]))
     assert store.has_session("proj", "sess") and store.has_session(None, "sess")
     assert not store.has_session("other", "sess") and not store.has_session(None, "x")
     assert store.projects() == ["proj"]

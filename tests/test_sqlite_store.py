@@ -38,6 +38,11 @@ def e(n: int, **extra) -> dict:
     return {"type": "x", "uuid": f"u{n}", "n": n, **extra}
 
 
+def prompt(n: int) -> dict:
+    """A user entry: what makes a stored transcript a conversation the CLI can resume."""
+    return e(n, type="user", message={"role": "user", "content": f"prompt {n}"})
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqliteSessionStore]:
     s = SqliteSessionStore(tmp_path / "runs" / "sessions.db")
@@ -173,7 +178,11 @@ def test_has_session(store: SqliteSessionStore) -> None:
     assert not store.has_session(
         None, "only-sub"
     )  # a subagent transcript is not a session to resume
-    asyncio.run(store.append(KEY, [e(1)]))
+    # Entries that are not a conversation (Claude Code 2.1.337 writes an api-request-route
+    # entry before the prompt): nothing the CLI can resume ("No conversation found").
+    asyncio.run(store.append(KEY, [e(1), {"type": "api-request-route", "sessionId": "sess"}]))
+    assert not store.has_session(None, "sess")
+    asyncio.run(store.append(KEY, [prompt(2)]))
     assert store.has_session(None, "sess")
     assert store.has_session("proj", "sess")
     assert not store.has_session("elsewhere", "sess")
@@ -184,11 +193,11 @@ def test_has_session(store: SqliteSessionStore) -> None:
 def test_a_reopened_store_sees_old_data(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     first = SqliteSessionStore(db)
-    asyncio.run(first.append(KEY, [e(1, customTitle="kept"), e(2)]))
+    asyncio.run(first.append(KEY, [e(1, customTitle="kept"), prompt(2)]))
     listed = asyncio.run(first.list_sessions("proj"))
     first.close()
     second = SqliteSessionStore(db)
-    assert second.load_sync(KEY) == [e(1, customTitle="kept"), e(2)]
+    assert second.load_sync(KEY) == [e(1, customTitle="kept"), prompt(2)]
     assert second.has_session(None, "sess")
     assert asyncio.run(second.list_sessions("proj")) == listed
     summary = asyncio.run(second.list_session_summaries("proj"))[0]
@@ -376,12 +385,12 @@ def test_a_forked_child_appends_through_the_inherited_store(store: SqliteSession
     asyncio.run(store.append(KEY, [e(1)]))
 
     def child() -> None:
-        asyncio.run(store.append(KEY, [e(2)]))
+        asyncio.run(store.append(KEY, [prompt(2)]))
         assert store.has_session(None, "sess")
 
     _in_child(child)
     asyncio.run(store.append(KEY, [e(3)]))
-    assert store.load_sync(KEY) == [e(1), e(2), e(3)]
+    assert store.load_sync(KEY) == [e(1), prompt(2), e(3)]
     store.close()
     assert integrity(store.path) == "ok"
 

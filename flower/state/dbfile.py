@@ -18,12 +18,19 @@ from ..util.fsutil import set_aside
 
 HEADER = b"SQLite format 3\x00"
 
-#: Is there a main transcript of ``:sid`` with at least one entry, under project ``:pk`` (any
-#: project when null)? The store's ``has_session`` and ``status`` ask the same question.
+#: Can the CLI resume ``:sid``: is there a main transcript of it under project ``:pk`` (any
+#: project when null) that holds a conversation, i.e. at least one ``user`` entry (the
+#: prompt)? The store's ``has_session`` and ``status`` ask the same question. Entries alone
+#: are not enough: Claude Code 2.1.337 writes an ``api-request-route`` entry before the
+#: prompt, and a session killed between the two answers ``No conversation found`` on resume
+#: (measured; 2.1.332 wrote the prompt first). The first user entry is among a transcript's
+#: first few, so the scan in ``seq`` order stops at once.
 SESSION_EXISTS = (
     "SELECT 1 FROM meta m WHERE m.session_id = :sid AND m.subpath IS NULL"
     " AND (:pk IS NULL OR m.project_key = :pk)"
-    " AND EXISTS (SELECT 1 FROM entries e WHERE e.key = m.key) LIMIT 1"
+    " AND EXISTS (SELECT 1 FROM entries e WHERE e.key = m.key"
+    " AND CASE WHEN json_valid(e.data) THEN json_extract(e.data, '$.type') END = 'user')"
+    " LIMIT 1"
 )
 HEADER_BYTES = 100
 SIDECARS = ("-wal", "-shm")

@@ -419,6 +419,28 @@ class Lineage:
         except (OSError, StateUnavailable) as exc:
             self._warn_write(exc)
 
+    def forget(self, step: str, session_id: str) -> None:
+        """``step``'s session ``session_id`` cannot be resumed (the CLI has no conversation
+        for it): drop the entry, unless it names another session by now; never raises
+        ``OSError``. Entries other flowers wrote meanwhile are kept (re-read under lock)."""
+        key = bare_name(step)
+        if key is None or not session_id:
+            return
+        if self.steps.get(key) == session_id:
+            del self.steps[key]
+        self._written.pop(key, None)
+        try:
+            with self._locked():
+                state = self._read_for_update()
+                if state is None or not self._ours(state.workspace):
+                    return
+                if state.steps.get(key) != session_id:
+                    return
+                steps = {k: v for k, v in state.steps.items() if k != key}
+                self._write(state.woke, steps)
+        except (OSError, StateUnavailable) as exc:
+            self._warn_write(exc)
+
     def _warn_write(self, exc: BaseException) -> None:
         if not self._write_failed:  # once per run: every later write would say the same
             self._write_failed = True

@@ -432,8 +432,9 @@ class SqliteSessionStore(SessionStore):
     # ---- synchronous helpers ----------------------------------------------------------
 
     def has_session(self, project_key: str | None, session_id: str) -> bool:
-        """True if a main transcript of ``session_id`` with at least one entry is stored
-        under ``project_key`` (None: under any project). Reads no payload."""
+        """True if the CLI can resume ``session_id``: a main transcript of it under
+        ``project_key`` (None: under any project) holds a conversation (a ``user`` entry;
+        see :data:`~flower.state.dbfile.SESSION_EXISTS`)."""
         params = {"sid": session_id, "pk": project_key}
         return self._run_sync(lambda c: c.execute(SESSION_EXISTS, params).fetchone() is not None)
 

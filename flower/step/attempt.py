@@ -22,7 +22,7 @@ import logging
 import secrets
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,9 +37,6 @@ from .proctree import ATTEMPT_TAG, PROCS, ProcessTree
 Closer = Callable[[], Awaitable[None]]
 log = logging.getLogger("flower")
 LEARN_TIMEOUT_S = 20.0
-# The CLI's first entries reach sessions.db ~100 ms after its init message; past this a
-# session announced early is announced anyway (lineage then names it, resume decides).
-EARLY_SESSION_WAIT_S = 5.0
 
 # Exceptions that say the code or its input is wrong: retrying the same call cannot help.
 _CODE_ERRORS: tuple[type[BaseException], ...] = (
@@ -270,53 +267,70 @@ class AttemptState:
             self._see_result(msg)
         elif isinstance(msg, SystemMessage) and msg.subtype == "init":
             self.model = str(msg.data.get("model") or "") or None
+            self._see_versions(msg.data.get("claude_code_version"))
         for event in normalize(msg):  # seed 003's events: text, tool calls, results, …
             event.payload["step"] = self.result.step
             self.watch.on_event(event)
 
+    def _see_versions(self, cli: Any) -> None:
+        """The SDK and the CLI this attempt runs on, for its step's manifest row."""
+        from claude_agent_sdk import __version__ as sdk
+
+        payload = {"step": self.result.step, "sdk": str(sdk), "cli": str(cli or "?")}
+        self.watch.on_event(Event("versions", payload=payload))
+
     def _see_session(self, sid: str | None) -> None:
-        if self._announcing is not None and sid == self.result.session_id:
-            self._announcing.cancel()  # a later message says it: announce it now
-            self._announcing = None
-            self.watch.on_session(str(sid))
-        elif sid and sid != "default" and sid != self.result.session_id:
-            if self._announcing is not None:  # another session took over: drop the early one
-                self._announcing.cancel()
-                self._announcing = None
-            self.result.session_id = sid
-            self.watch.on_session(sid)
+        if sid and sid != "default" and sid != self.result.session_id:
+            self._announce_when_stored(sid)  # the first, or the CLI went on in another one
 
     def _see_early(self, sid: Any) -> None:
-        """The init message names the session before the first request. It is announced
-        (so lineage keeps it) once sessions.db holds it: a session killed before its first
-        entries land has nothing to resume, and must not be remembered as if it had."""
-        if not isinstance(sid, str) or not sid or sid == "default" or self.result.session_id:
-            return
+        """The init message names the session before the first request."""
+        if isinstance(sid, str) and sid and sid != "default" and not self.result.session_id:
+            self._announce_when_stored(sid)
+
+    def _announce_when_stored(self, sid: str) -> None:
+        """Make ``sid`` the attempt's session and announce it (lineage, the mailbox and the
+        registry name it from then on) once the store holds a conversation the CLI can
+        resume. Never sooner, whatever message names it: a session killed before its prompt
+        is stored has nothing to resume (the CLI answers "No conversation found"), and must
+        not be remembered as if it had. The CLI's first entries trail its init message by
+        ~100 ms; the SDK flushes them all before it hands over the result."""
+        if self._announcing is not None:  # another session took over: drop the early one
+            self._announcing.cancel()
+            self._announcing = None
         self.result.session_id = sid
         if self.store is None or not hasattr(self.store, "has_session"):
             self.watch.on_session(sid)
             return
         self._announcing = asyncio.get_running_loop().create_task(self._announce_stored(sid))
 
+    def _stored(self, sid: str) -> bool:
+        try:
+            return bool(self.store.has_session(None, sid))
+        except Exception:  # noqa: BLE001 - a store that cannot say (a database away, its
+            # writes kept on this machine): announce it, lineage's load decides later
+            return True
+
     async def _announce_stored(self, sid: str) -> None:
-        deadline = time.monotonic() + EARLY_SESSION_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                if self.store.has_session(None, sid):
-                    break
-            except Exception:  # noqa: BLE001 - a store that cannot say: announce it anyway
-                break
+        # A poll: the store is another process's database, with nothing to wait on here.
+        while not self._stored(sid):  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         self._announcing = None
         if sid == self.result.session_id:  # not replaced by another session meanwhile
             self.watch.on_session(sid)
 
     def settle(self) -> None:
-        """The attempt is over: an announcement still waiting is given up (a session that
-        never reached the store by the end of its attempt is not one to resume)."""
-        if self._announcing is not None:
-            self._announcing.cancel()
-            self._announcing = None
+        """The attempt is over: a session still waiting to be announced is announced if the
+        store holds it now (the SDK flushed it before the result), else given up (a session
+        that never reached the store by the end of its attempt is not one to resume)."""
+        if self._announcing is None:
+            return
+        self._announcing.cancel()
+        self._announcing = None
+        sid = self.result.session_id
+        if sid and self._stored(sid):
+            self.watch.on_session(sid)
+        else:
             self.result.session_id = None
 
     def _see_assistant(self, msg: Any) -> None:
@@ -426,8 +440,43 @@ def _window_of(model_usage: Any, model: str | None) -> int:
         return 0
 
 
+def local_failure(result: Mapping[str, Any]) -> str | None:
+    """The error text of a CLI that failed on this machine before it sent any request, from
+    its ``result`` payload; None for anything else (an API error included).
+
+    Claude Code 2.1.337 says so itself (``startup_failure_reason``, e.g.
+    ``resume_target_not_found``); 2.1.332 only by the shape of its result: an
+    ``error_during_execution`` with no turn, no API time, no API status and no terminal
+    reason (a refused connection is a turn that ends with ``terminal_reason: api_error``).
+    The text begins with :data:`~flower.step.resilience.CLI_FAILED`, which
+    :func:`~flower.step.resilience.classify` reads as ``"local"``: never retried as the
+    network."""
+    from .resilience import CLI_FAILED
+
+    reason = result.get("startup_failure_reason")
+    if not reason:
+        said_api = any(result.get(k) for k in ("api_error_status", "terminal_reason"))
+        spent = any(result.get(k) for k in ("num_turns", "duration_api_ms"))
+        if said_api or spent or result.get("subtype") != "error_during_execution":
+            return None
+        reason = result.get("subtype")
+    errors = [str(e) for e in result.get("errors") or [] if e]
+    words = "; ".join(errors) or str(result.get("result") or "") or "no reason given"
+    return f"{CLI_FAILED} ({reason}): {words}"
+
+
+def _result_fields(msg: Any) -> dict[str, Any]:
+    keys = ("subtype", "errors", "result", "api_error_status", "terminal_reason", "num_turns")
+    fields = {k: getattr(msg, k, None) for k in keys}
+    fields["duration_api_ms"] = getattr(msg, "duration_api_ms", None)
+    return fields
+
+
 def _error_text(msg: Any, api_error: str | None) -> str:
     """One line describing a failed ResultMessage, preferring the CLI's own words."""
+    local = local_failure(_result_fields(msg)) if not api_error else None
+    if local:
+        return local
     parts = [p for p in (msg.result, api_error) if p]
     if msg.errors:
         parts.extend(str(e) for e in msg.errors)
@@ -546,7 +595,9 @@ class SdkAttempt:
             if is_crash(exc):
                 raise crash_of(exc) from exc
             state.result.ok = False
-            state.result.error = state.result.error or f"{type(exc).__name__}: {exc}"
+            state.result.error = (
+                state.result.error or _local_failure_of(exc) or f"{type(exc).__name__}: {exc}"
+            )
         return state.finish()
 
     async def _ask_window(self) -> Window | None:
@@ -585,6 +636,16 @@ class SdkAttempt:
             defer.append(lambda: _shut(client, self.tag, self.procs, sweep=False))
         else:
             await _shut(client, self.tag, self.procs, sweep=failed)
+
+
+def _local_failure_of(exc: BaseException) -> str | None:
+    """:func:`local_failure` of an SDK ``ResultError`` (the CLI's failure at start-up, raised
+    while connecting, before any message)."""
+    from claude_agent_sdk import ResultError
+
+    if not isinstance(exc, ResultError):
+        return None
+    return local_failure(exc.data or {"subtype": exc.subtype, "errors": exc.errors})
 
 
 async def _shut(client: Any, tag: str, procs: ProcessTree, *, sweep: bool) -> None:

@@ -27,6 +27,9 @@ class StepCall:
     ``headroom``: when not None, ``stop_at`` was derived from a *guessed* window, and the
     attempt lowers it to what the CLI's real window allows (window − headroom; see
     :meth:`flower.step.attempt.AttemptState.learn`).
+    ``fresh``: what a fresh session of this step is told when the session ``resume`` names
+    cannot be resumed (the CLI has no conversation for it); None: ``prompt`` itself. It
+    never crosses a pipe: the step loop, which starts the fresh session, reads it.
     """
 
     spec: AgentSpec
@@ -38,6 +41,7 @@ class StepCall:
     attempt: int = 1
     stop_at: int | None = None
     headroom: int | None = None
+    fresh: str | None = None
 
     @property
     def step(self) -> str:

@@ -11,6 +11,11 @@ Four exits (seed 003, ``Runtime.run``):
    neutral resume prompt (one attempt used). Attempts are counted by tenacity, once, for
    every placement: a step child that dies is one more failed attempt, like a 529.
 
+A session the CLI refuses to resume ("No conversation found") is started afresh with the
+step's own prompt (no attempt used, once per session); any other failure of the CLI on this
+machine before a request (``classify`` → ``"local"``) is not retried: waiting for the
+network cannot mend it.
+
 A crash (:class:`~flower.AttemptCrash`: a bug in flower, a spec the SDK rejects) stops the
 step at once: no retry, no network probe. An interrupt that arrives while no attempt runs
 (during a backoff, or while a handoff is written) ends the wait at once; what the person said
@@ -43,7 +48,7 @@ from .attempt import Window, crash_of, handoff_at
 from .call import StepCall
 from .interrupts import Interrupts
 from .placement import Placement, Seat, Watch, write_crash_log
-from .resilience import Resilience
+from .resilience import Resilience, gone_session_id, session_gone
 from .window import HandoffPolicy, is_guess
 
 OnEvent = Callable[[Event], None]
@@ -100,6 +105,8 @@ class StepHooks:
 
     on_session: Callable[[str], None]
     on_attempt: Callable[[int], None]
+    #: A session the CLI refused to resume: whoever named it (lineage) forgets it.
+    on_gone: Callable[[str], None] = lambda sid: None
 
 
 class StepLoop:
@@ -138,6 +145,8 @@ class StepLoop:
         self.attempt = 0
         self.ctx, self.warned = 0, False
         self._retryable = False
+        self.gone: set[str] = set()  # sessions the CLI would not resume: never tried again
+        self.versions: dict[str, str] = {}  # the SDK and CLI the last attempt ran on
 
     # -- the whole step -------------------------------------------------------------------
 
@@ -190,7 +199,7 @@ class StepLoop:
             elif self._handoff_due(out):
                 if not await self._next_generation(out):
                     return out
-            else:
+            elif not self._start_fresh(out):
                 self.result.errors.append(out.error or "unknown error")
                 self._retryable = self.resilience.should_retry(out.error or "")
                 return out
@@ -211,6 +220,42 @@ class StepLoop:
         if self.interrupts.requested:
             out.ok, out.error = False, INTERRUPTED
         return out
+
+    # -- a session the CLI cannot resume --------------------------------------------------
+
+    def _start_fresh(self, out: StepResult) -> bool:
+        """The CLI refused to resume a session ("No conversation found"): it never held a
+        conversation (killed before its prompt was stored) or lost it. The step starts a
+        fresh session with its own prompt, once per refused session, and says so in one
+        line; the session is forgotten (lineage no longer names it). False when ``out`` is
+        not such a refusal, or this session was already given up once."""
+        if not session_gone(out.error):
+            return False
+        dead = gone_session_id(out.error) or self.next.resume or self.seen
+        if not dead or dead in self.gone:
+            return False
+        self._emit("fresh", {"session": dead, "error": (out.error or "").splitlines()[0][:200]})
+        self._forget(dead)
+        self.result.resumed = False
+        task = self.task
+        self.next = self.next.attempting(
+            prompt=task.fresh if task.fresh is not None else task.prompt,
+            resume=None,
+            fork=False,
+            resume_at=None,
+        )
+        return True
+
+    def _forget(self, dead: str) -> None:
+        """``dead`` cannot be resumed: not this step's session any more, nor lineage's."""
+        if not dead or dead in self.gone:
+            return
+        self.gone.add(dead)
+        self.hooks.on_gone(dead)
+        if self.seen == dead:
+            self.seen = None
+        if self.result.session_id == dead:
+            self.result.session_id = None
 
     def _watch(self, *, quiet: bool = False) -> Watch:
         return Watch(
@@ -248,6 +293,11 @@ class StepLoop:
     # -- events from the attempt; the context watermark -----------------------------------
 
     def _on_attempt_event(self, event: Event) -> None:
+        if event.kind == "versions":  # on the step's manifest row, not on the screen
+            self.versions = {k: str(v) for k, v in event.payload.items() if k in ("sdk", "cli")}
+            return
+        if event.kind == "fresh":  # a takeover would not resume what was never stored
+            self._forget(str(event.payload.get("session") or ""))
         if event.kind == "window":
             self._learned(event.payload)
         if event.kind != "context":

@@ -45,7 +45,23 @@ RESUME_PROMPT = (
     "上一轮在中途被打断,没有跑完。检查一下工作台里已经落盘的东西,从中断处接着做,不要重头来过。"
 )
 
-TRANSIENT, FATAL, UNKNOWN = "transient", "fatal", "unknown"
+TRANSIENT, FATAL, UNKNOWN, LOCAL = "transient", "fatal", "unknown", "local"
+
+#: How an attempt's error begins when the CLI failed on this machine before it sent any
+#: request (a resume it refused, a startup failure): nothing the network or a wait can fix,
+#: and never an API outage (see :func:`flower.step.attempt.local_failure`).
+CLI_FAILED = "the CLI failed before any request"
+
+# The CLI refusing to resume a session: "No conversation found with session ID: <id>"
+# (Claude Code 2.1.332 and 2.1.337), startup_failure_reason "resume_target_not_found"
+# (2.1.337's result payload).
+_SESSION_GONE = re.compile(
+    r"no conversation found with session id|resume_target_not_found", re.IGNORECASE
+)
+_SESSION_ID = re.compile(
+    r"session id:?\s*([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})",
+    re.IGNORECASE,
+)
 
 # An HTTP status only counts where the text presents it as one ("API Error: 401", "status 503",
 # "HTTP/1.1 502"), so a "took 500 ms" or a request id never decides the verdict.
@@ -117,20 +133,35 @@ _TRANSIENT = re.compile(
 
 
 def classify(text: str | None) -> str:
-    """Sort an error text into ``"transient"``, ``"fatal"`` or ``"unknown"``.
+    """Sort an error text into ``"transient"``, ``"fatal"``, ``"local"`` or ``"unknown"``.
 
-    Empty or None is ``"unknown"``. Fatal is checked first: an authentication, permission or
-    billing failure whose text also mentions a connection is still fatal. A context overflow
+    Empty or None is ``"unknown"``. ``"local"`` first: the CLI failed on this machine before
+    it sent any request (:data:`CLI_FAILED`, or a session it refuses to resume), which no
+    wait for the network can mend. Fatal next: an authentication, permission or billing
+    failure whose text also mentions a connection is still fatal. A context overflow
     ("Prompt is too long", …) is fatal *for retrying* (the same prompt cannot fit next time);
     the runtime checks :func:`flower.util.overflow.is_overflow` before calling this and hands
     off instead.
     """
     text = text or ""
+    if text.startswith(CLI_FAILED) or _SESSION_GONE.search(text):
+        return LOCAL
     if is_overflow(text) or _FATAL.search(text):
         return FATAL
     if _TRANSIENT.search(text):
         return TRANSIENT
     return UNKNOWN
+
+
+def session_gone(text: str | None) -> bool:
+    """Does an attempt's error say the CLI cannot resume the session it was told to?"""
+    return bool(text and _SESSION_GONE.search(text))
+
+
+def gone_session_id(text: str | None) -> str | None:
+    """The session id a "No conversation found with session ID: …" error names, if any."""
+    found = _SESSION_ID.search(text or "")
+    return found.group(1).lower() if found else None
 
 
 def endpoint() -> tuple[str, int]:
@@ -280,12 +311,12 @@ class Resilience:
         return classify(text)
 
     def should_retry(self, kind: str) -> bool:
-        """Transient → True, fatal → False, unknown → ``retry_unknown``.
+        """Transient → True, fatal and local → False, unknown → ``retry_unknown``.
 
         ``kind`` is what :func:`classify` returns; any other text is an error text and is
         classified first, so ``should_retry(result.error)`` works as well.
         """
-        if kind not in (TRANSIENT, FATAL, UNKNOWN):
+        if kind not in (TRANSIENT, FATAL, UNKNOWN, LOCAL):
             kind = classify(kind)
         return kind == TRANSIENT or (kind == UNKNOWN and self.retry_unknown)
 
@@ -365,12 +396,15 @@ class Resilience:
 
 
 __all__ = [
+    "CLI_FAILED",
     "DEFAULT_BASE_URL",
     "RESUME_PROMPT",
     "Resilience",
     "classify",
     "endpoint",
+    "gone_session_id",
     "reachable",
     "reachable_sync",
+    "session_gone",
     "wait_jittered_exponential",
 ]

@@ -283,6 +283,8 @@ class Runtime:
         on_event: OnEvent | None = None,
         max_attempts: int | None = None,
         on_session: Callable[[str], None] | None = None,
+        fresh_prompt: str | None = None,
+        on_session_gone: Callable[[str], None] | None = None,
     ) -> StepResult:
         """Run one step to its result (one manifest row), retrying inside as seed 003 says.
 
@@ -290,9 +292,14 @@ class Runtime:
         map step's items): ``max_attempts`` caps its attempts below the Runtime's
         resilience (an ``idempotent=False`` step passes 1), and ``on_session`` is told each
         session id the instant it is known, in place of the Runtime's :attr:`on_session`.
+        When the CLI cannot resume ``resume`` (it has no conversation for it), the step
+        starts a fresh session with ``fresh_prompt`` (default: ``prompt``) and
+        ``on_session_gone`` is told the refused id.
         """
         self._loop = asyncio.get_running_loop()
-        call = StepCall(spec, prompt, step_name or spec.name, resume, fork, resume_at)
+        call = StepCall(
+            spec, prompt, step_name or spec.name, resume, fork, resume_at, fresh=fresh_prompt
+        )
         self.note(step=call.label, session_id=call.resume, attempt=1)
         policy = self.resilience
         if max_attempts is not None:
@@ -309,7 +316,11 @@ class Runtime:
             handoff=self.handoff,
             interrupts=self.interrupts,
             notes_dir=self.notes_dir,
-            hooks=StepHooks(on_session=session_seen, on_attempt=self._attempt_began),
+            hooks=StepHooks(
+                on_session=session_seen,
+                on_attempt=self._attempt_began,
+                on_gone=on_session_gone or _forget_nothing,
+            ),
             on_event=on_event,
             windows=self.windows,
         )
@@ -320,7 +331,7 @@ class Runtime:
         finally:
             self._flying.remove(loop)
             self.in_flight = self._flying[-1] if self._flying else None
-        return self._finish(result)
+        return self._finish(result, loop.versions)
 
     def prepare(self, calls: Sequence[StepCall]) -> None:
         """The first attempts of the steps likely to run next: a placement may get them
@@ -361,11 +372,13 @@ class Runtime:
             )
         return row
 
-    def _finish(self, result: StepResult) -> StepResult:
+    def _finish(self, result: StepResult, versions: dict[str, str] | None = None) -> StepResult:
+        """Record ``result`` as its manifest row; ``versions``: the SDK and CLI that ran its
+        last attempt (``sdk``, ``cli``), so a difference between two runs shows."""
         result.ended_at = result.ended_at or time.time()
         self.results.append(result)
         try:
-            self.manifest.record(result)
+            self.manifest.record(result, dict(versions) if versions else None)
         except OSError as exc:
             log.warning(
                 "%s",
@@ -403,7 +416,7 @@ class Runtime:
             res.attempts = max(1, loop.attempt)
             res.context = loop.ctx or res.context
             res.ended_at = time.time()
-            last = self._finish(res)
+            last = self._finish(res, loop.versions)
         return last
 
     # -- interrupts -------------------------------------------------------------------
@@ -434,6 +447,10 @@ class Runtime:
     def reply(self, text: str | None) -> None:
         """What the person typed after an interrupt (None: nothing, just carry on)."""
         self.interrupts.reply(text)
+
+
+def _forget_nothing(session_id: str) -> None:
+    return None
 
 
 def _workbench(value: Any, workspace: Path, run_dir: Path) -> Any:

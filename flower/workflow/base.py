@@ -475,7 +475,7 @@ class _Run:
                     step_name=label,
                     resume=resume,
                     on_event=self.on_event,
-                    **self._per_call(step, partial(self._remember, label, label)),
+                    **self._per_call(step, label, label, prompt),
                 )
             if result.session_id:
                 self._remember(label, label, result.session_id)
@@ -523,15 +523,22 @@ class _Run:
             )
         )
 
-    def _per_call(self, step: Step, on_session: Callable[[str], None]) -> dict[str, Any]:
+    def _per_call(self, step: Step, name: str, label: str, prompt: str) -> dict[str, Any]:
         """What holds for one ``Runtime.run`` call only, passed with it (never set on the
-        Runtime: a map's items run at once): ``on_session`` records each session id in
-        lineage the instant it is known, and an ``idempotent=False`` step gets one attempt
-        (no automatic retry of an irreversible action; its own ``retries`` are not used
-        either). A bare runtime keeps no lineage and is called as api.md's ``run`` is."""
+        Runtime: a map's items run at once): ``on_session`` records each session id of
+        ``name`` in lineage the instant it is known, ``on_session_gone`` forgets one the CLI
+        refused to resume (a fresh session then starts with the step's own ``prompt``), and
+        an ``idempotent=False`` step gets one attempt (no automatic retry of an irreversible
+        action; its own ``retries`` are not used either). A bare runtime keeps no lineage
+        and is called as api.md's ``run`` is."""
         if not self.books:
             return {}
-        return {"on_session": on_session, **({} if step.idempotent else {"max_attempts": 1})}
+        return {
+            "on_session": partial(self._remember, name, label),
+            "on_session_gone": partial(self._forget, name, label),
+            "fresh_prompt": prompt,
+            **({} if step.idempotent else {"max_attempts": 1}),
+        }
 
     def _ran_before(self, step: Step) -> bool:
         done = self.prior.completed if self.prior else {}
@@ -593,7 +600,7 @@ class _Run:
                 resume=resume_cur,
                 fork=fork_cur,
                 on_event=self.on_event,
-                **self._per_call(step, partial(self._remember, step.name, label)),
+                **self._per_call(step, step.name, label, prompt),
             )
             ctx["_results"][step.name] = result
             if result.session_id:
@@ -677,6 +684,15 @@ class _Run:
         self.lineage_sessions[name] = sid
         if self.lineage is not None:
             self.lineage.remember(label, sid)
+
+    def _forget(self, name: str, label: str, sid: str) -> None:
+        """The CLI cannot resume ``sid``: nothing names it any more (a later run must not
+        try it again), unless a newer session has taken its place already."""
+        for known in (self.ctx["_sessions"], self.lineage_sessions):
+            if known.get(name) == sid:
+                del known[name]
+        if self.lineage is not None:
+            self.lineage.forget(label, sid)
 
     def _reuse(self, step: Step, digest: str, index: int) -> bool:
         """Seed 004: a step the unfinished last run completed with the same input is skipped."""

@@ -138,12 +138,14 @@ class PostgresSessionStore(SessionStore):
     # ---- flower's helpers (the seam's Sessions) ---------------------------------------
 
     def has_session(self, project_key: str | None, session_id: str) -> bool:
-        """A main transcript of ``session_id`` with at least one entry is stored under
-        ``project_key`` (None: under any project)."""
+        """The CLI can resume ``session_id``: a main transcript of it under ``project_key``
+        (None: under any project) holds a conversation, at least one ``user`` entry (see
+        :data:`flower.state.dbfile.SESSION_EXISTS`, the same question for local files)."""
         sql = (
             "SELECT 1 FROM {s}.meta m WHERE m.session_id = %(sid)s AND m.subpath IS NULL"
             " AND (%(pk)s::text IS NULL OR m.project_key = %(pk)s)"
-            " AND EXISTS (SELECT FROM {s}.entries e WHERE e.key = m.key) LIMIT 1"
+            " AND EXISTS (SELECT FROM {s}.entries e WHERE e.key = m.key"
+            " AND e.data::jsonb ->> 'type' = 'user') LIMIT 1"
         )
         return bool(self._read(sql, {"sid": session_id, "pk": project_key}))
 
