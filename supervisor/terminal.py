@@ -58,6 +58,12 @@ define(
             "@ 在 {host} 上跑(worker pid {pid})",
             "@ running on {host} (worker pid {pid})",
         ),
+        "term.placed.fresh": (
+            "@ 原来的 worker 没了,这一步的会话还没存下:{host} 从头开始它(worker pid {pid},"
+            "第 {n} 次派发)",
+            "@ its worker is gone before the step's session was stored: {host} starts it "
+            "afresh (worker pid {pid}, dispatch try {n})",
+        ),
         "term.refused": (
             "! {host}(worker pid {pid})跑不了它,还回队列,等一个能跑的 worker:{why}",
             "! {host} (worker pid {pid}) cannot run it and handed it back; waiting for a "
@@ -80,6 +86,12 @@ define(
             "~ 步骤子进程意外退出,{delay} 秒后换一个子进程接着同一条会话(第 {n} 次失败)",
             "~ the step's child process died; a new one carries the same session on in "
             "{delay} s (failure {n})",
+        ),
+        "term.retry.died.fresh": (
+            "~ 步骤子进程意外退出,会话还没存下:{delay} 秒后换一个子进程从头开始这一步"
+            "(第 {n} 次失败)",
+            "~ the step's child process died before its session was stored; a new one starts "
+            "the step afresh in {delay} s (failure {n})",
         ),
         "term.retry.api": (
             "~ API 暂时不可用:网络通了再等 {delay} 秒,在同一条会话上接着做(第 {n} 次失败)",
@@ -446,7 +458,12 @@ class Terminal:
         so: an earlier try's worker died or froze, and this one continues its session)."""
         p = ev.payload
         takeover = bool(p["resumes"]) if "resumes" in p else int(p.get("try") or 1) > 1
-        key = "term.placed.again" if takeover else "term.placed"
+        if takeover:
+            key = "term.placed.again"
+        elif p.get("took_over"):  # its worker died before anything of it was stored
+            key = "term.placed.fresh"
+        else:
+            key = "term.placed"
         self.say("  " + t(key, host=p.get("host", "?"), pid=p.get("pid", "?"), n=p.get("try", 1)))
 
     def _ev_refused(self, ev: Event) -> None:
@@ -495,7 +512,7 @@ class Terminal:
         p = ev.payload
         error = str(p.get("error", ""))
         if DIED in error:
-            key = "term.retry.died"
+            key = "term.retry.died.fresh" if p.get("fresh") else "term.retry.died"
         elif p.get("kind") == TRANSIENT:
             key = "term.retry.api"
         else:

@@ -280,10 +280,10 @@ class Attempts:
         state = self.state_for(ws, run_dir)
         mailbox = self.mailbox(state, order.id)
         call = _call_of(order, spec)
-        sid = None
+        ran, sid = False, None
         say(t("worker.took", label=label, run=order.run, attempt=info.attempt))
         if info.attempt > 1:  # a takeover: continue what the first try started
-            sid, ended = _earlier_try(mailbox)
+            ran, sid, ended = _earlier_try(mailbox)
             if ended is not None:
                 # That try sent its result and died before Temporal heard it had ended:
                 # the supervisor has the result (and may be steps further). Nothing to run.
@@ -314,6 +314,9 @@ class Attempts:
                     # the session an earlier try began, continued here ("": none, e.g. the
                     # earlier tries were handed back by workers that could not run it)
                     "resumes": sid or "",
+                    # an earlier try ran on a worker that is gone (with nothing stored to
+                    # continue when "resumes" is empty: this try starts the step afresh)
+                    "took_over": ran,
                 },
                 text="",
                 tool="",
@@ -454,16 +457,19 @@ def _call_of(order: Order, spec: Any) -> StepCall:
     )
 
 
-def _earlier_try(mailbox: Mailbox) -> tuple[str | None, dict[str, Any] | None]:
-    """What the attempt's earlier tries reported: the session (its last ``session`` frame)
-    and the result, when one of them got as far as sending it."""
-    sid, ended = None, None
+def _earlier_try(mailbox: Mailbox) -> tuple[bool, str | None, dict[str, Any] | None]:
+    """What the attempt's earlier tries reported: whether a worker ran one (a ``placed``
+    frame: not only handed it back), the session (its last ``session`` frame) and the
+    result, when one of them got as far as sending it."""
+    ran, sid, ended = False, None, None
     for item in mailbox.read(up(mailbox.id)):
         if isinstance(item, Session):
             sid = item.session_id
         elif isinstance(item, Result):
             ended = dict(item.fields)
-    return sid, ended
+        elif isinstance(item, EventMsg) and item.kind == "placed":
+            ran = True
+    return ran, sid, ended
 
 
 def _resumable(state: Any, sid: str) -> bool:

@@ -1112,6 +1112,78 @@ def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to
     assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
 
 
+# The campaign's loop (issue 23): Claude Code 2.1.337 stores a session's api-request-route
+# entry before its prompt; a worker killed between the two left a session id named that no
+# CLI could resume. The test holds every entry carrying B's marker (a trigger waits on an
+# advisory lock it holds): B's first entry lands, its prompt does not.
+HOLD_B_PROMPT = """
+CREATE FUNCTION flower.test_hold_b() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.data LIKE '%[[B]]%' THEN
+    PERFORM pg_advisory_lock(4223);
+    PERFORM pg_advisory_unlock(4223);
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_hold_b BEFORE INSERT ON flower.entries
+  FOR EACH ROW EXECUTE FUNCTION flower.test_hold_b();
+"""
+HELD_WRITERS = (
+    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+)
+
+
+def test_a_worker_killed_before_b_s_prompt_is_stored_leaves_b_to_start_afresh(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """W1 takes B, its CLI sends B's first request (the session id is known) while the run
+    state holds no conversation of B; W1 is killed. W2 takes B over and starts it afresh
+    with B's own prompt, said in one line on the supervisor's terminal; the run ends 0 (it
+    used to resume the dead id, hear "No conversation found", report an API outage six
+    times and exit 1, and the same command again did the same)."""
+    import psycopg
+
+    c = cluster(abc_script([{"text": "B done.", "delay": HOLD, "times": 1}]))
+    server = c.f.server
+    c.worker("W1")
+    c.worker("W2")
+    with psycopg.connect(c.dsn, autocommit=True) as hold:
+        hold.execute(HOLD_B_PROMPT)
+        hold.execute("SELECT pg_advisory_lock(4223)")
+        sup = c.start(ABC)
+        held = waiting_on(server, "B", 0)
+        doomed = held.session_id
+        victim = c.running("B")
+        other = next(w for w in c.workers if w is not victim)
+        assert sender(held) == victim.name
+        wait_until(lambda: c.db.query(HELD_WRITERS), 10, "B's prompt to wait on the lock")
+        stored = [e.get("type") for _, e in c.db.entries(str(doomed))]
+        assert "user" not in stored, stored
+        assert c.db.session_of("B") != doomed, "lineage named B's session before its prompt"
+        killed_at = max(r.seq for r in server.requests)
+        assert kill_worker(victim) == -signal.SIGKILL
+        for (pid,) in c.db.query(HELD_WRITERS):  # the machine is gone: so are its writes
+            c.db.query("SELECT pg_terminate_backend(%s)", pid)
+        hold.execute("SELECT pg_advisory_unlock(4223)")
+
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    assert out.count("从头开始它") == 1, out
+    assert "API 暂时不可用" not in out and "No conversation found" not in out + c.logs_text()
+    after = [r for r in asked(server) if r.seq > killed_at and r.conversation == "B"]
+    assert after and doomed not in {r.session_id for r in after}, "the dead id was resumed"
+    assert len({r.session_id for r in after}) == 1 and {sender(r) for r in after} == {other.name}
+    texts = " ".join(after[0].texts())
+    assert "[[B]] then the second" in texts, "B's fresh session lacks its own prompt"
+    assert "上一轮在中途被打断" not in texts, "B's fresh session was told to carry on"
+    assert c.db.session_of("B") == after[0].session_id
+    assert [r["ok"] for r in c.db.rows("B")] == [True]
+    assert [r.conversation for r in asked(server) if r.conversation == "C"] == ["C"]
+    assert other.took("B") == 1
+    no_tree_left(victim)
+    no_tree_left(other)
+
+
 def test_an_attempt_whose_result_frame_is_lost_gives_its_result_all_the_same(
     cluster: Callable[[dict[str, Any]], Cluster],
 ) -> None:

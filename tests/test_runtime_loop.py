@@ -275,6 +275,80 @@ def test_a_failure_before_any_session_repeats_the_same_request(make):
     assert res.ok and res.attempts == 2 and not res.resumed and res.session_id == "child"
 
 
+GONE = (
+    "the CLI failed before any request (resume_target_not_found): No conversation found with"
+    " session ID: 3d985b2b-b2fc-4699-a3dc-9143db09c04a"
+)
+DEAD = "3d985b2b-b2fc-4699-a3dc-9143db09c04a"
+
+
+def test_a_session_the_cli_refuses_starts_afresh_with_the_own_prompt_once(make):
+    """Issue 23: the CLI has no conversation for the session to continue. The step starts
+    a fresh session with its own prompt (no attempt used), says so once, and whoever named
+    the dead id forgets it; the same refusal of the new session is an error, not a loop."""
+    rt = make([fail(None, GONE), ok("s2")])
+    events: list[Event] = []
+    forgotten: list[str] = []
+    res = run(
+        rt,
+        RESUME_PROMPT,
+        events,
+        resume=DEAD,
+        fresh_prompt="do it from the start",
+        on_session_gone=forgotten.append,
+    )
+    assert res.ok and res.attempts == 1 and res.errors == [] and not res.resumed
+    assert [(c.prompt, c.resume) for c in rt.calls] == [
+        (RESUME_PROMPT, DEAD),
+        ("do it from the start", None),
+    ]
+    assert [e.payload["session"] for e in events if e.kind == "fresh"] == [DEAD]
+    assert forgotten == [DEAD] and res.session_id == "s2"
+    assert not [e for e in events if e.kind == "retry"]
+
+
+def test_a_refusal_repeated_for_the_same_session_is_a_local_failure_not_retried(make):
+    rt = make([fail(None, GONE), fail(None, GONE)])
+    events: list[Event] = []
+    res = run(rt, "do it", events, resume=DEAD)
+    assert not res.ok and res.attempts == 1 and res.error == GONE
+    assert [(c.prompt, c.resume) for c in rt.calls] == [("do it", DEAD), ("do it", None)]
+    assert not [e for e in events if e.kind in ("retry", "offline")]
+
+
+def test_a_local_failure_of_the_cli_is_not_retried_as_the_network(make):
+    local = "the CLI failed before any request (error_during_execution): No message found"
+    net = Net()
+    rt = make([fail(None, local)], resilience=net)
+    events: list[Event] = []
+    res = run(rt, events=events)
+    assert not res.ok and res.attempts == 1 and len(rt.calls) == 1 and net.probes == 0
+    assert not [e for e in events if e.kind in ("retry", "offline", "fresh")]
+
+
+def test_a_retry_event_says_whether_the_next_attempt_starts_afresh(make):
+    died = "step child died (SIGKILL)"
+    rt = make([fail(None, died), fail("s1", died), ok("s1")])
+    events: list[Event] = []
+    run(rt, events=events)
+    assert [e.payload["fresh"] for e in events if e.kind == "retry"] == [True, False]
+
+
+def test_the_versions_an_attempt_reports_land_on_the_step_s_row(make):
+    async def attempt(rt: Scripted) -> StepResult:
+        assert rt.script.state is not None
+        rt.script.state.watch.on_event(
+            Event("versions", payload={"step": "s", "sdk": "0.2.190", "cli": "2.1.337"})
+        )
+        return ok("s1")
+
+    rt = make([attempt])
+    events: list[Event] = []
+    run(rt, events=events)
+    assert (row(rt)["sdk"], row(rt)["cli"]) == ("0.2.190", "2.1.337")
+    assert not [e for e in events if e.kind == "versions"], "the versions reached the screen"
+
+
 def test_a_long_outage_gives_up_after_max_offline_wait(make):
     net = Net(ups=[False] * 10_000, probe_interval=0.01, max_offline_wait=0.1)
     rt = make([fail("s1", "API Error: Connection refused (ECONNREFUSED)")], resilience=net)
@@ -657,6 +731,70 @@ def test_a_subagent_turn_does_not_count_as_the_main_context():
         )
     )
     assert contexts == [12] and state.result.context == 12
+
+
+# What Claude Code printed when it failed before any request (recorded, issue 23).
+RESUME_REFUSED_2_1_337 = {
+    "type": "result",
+    "subtype": "error_during_execution",
+    "duration_ms": 0,
+    "duration_api_ms": 0,
+    "is_error": True,
+    "num_turns": 0,
+    "stop_reason": None,
+    "session_id": DEAD,
+    "total_cost_usd": 0,
+    "errors": [f"No conversation found with session ID: {DEAD}"],
+    "startup_failure_reason": "resume_target_not_found",
+}
+RESUME_REFUSED_2_1_332 = {
+    k: v for k, v in RESUME_REFUSED_2_1_337.items() if k != "startup_failure_reason"
+}
+CONNECTION_REFUSED = {  # a turn that failed on the network: never local
+    "subtype": "success",
+    "duration_api_ms": 0,
+    "is_error": True,
+    "num_turns": 1,
+    "result": "API Error: Connection refused (ECONNREFUSED)",
+    "terminal_reason": "api_error",
+}
+
+
+@pytest.mark.parametrize(
+    "payload", [RESUME_REFUSED_2_1_337, RESUME_REFUSED_2_1_332], ids=["2.1.337", "2.1.332"]
+)
+def test_a_cli_that_failed_before_any_request_is_a_local_failure(payload):
+    from flower.step.attempt import local_failure
+    from flower.step.resilience import CLI_FAILED, classify, gone_session_id, session_gone
+
+    text = local_failure(payload)
+    assert text is not None and text.startswith(CLI_FAILED), text
+    assert classify(text) == "local" and session_gone(text) and gone_session_id(text) == DEAD
+    assert not Resilience().should_retry(text)
+
+
+def test_a_network_failure_is_never_a_local_one():
+    from flower.step.attempt import local_failure
+    from flower.step.resilience import classify
+
+    assert local_failure(CONNECTION_REFUSED) is None
+    assert classify(CONNECTION_REFUSED["result"]) == "transient"
+
+
+def test_a_result_message_of_a_start_up_failure_reads_as_local():
+    state, *_ = _state()
+    state.see(
+        _result(
+            subtype="error_during_execution",
+            is_error=True,
+            num_turns=0,
+            duration_api_ms=0,
+            errors=[f"No conversation found with session ID: {DEAD}"],
+        )
+    )
+    from flower.step.resilience import classify
+
+    assert classify(state.result.error) == "local", state.result.error
 
 
 def test_a_successful_result_keeps_the_answer():

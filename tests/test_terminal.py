@@ -9,6 +9,7 @@ import os
 import pytest
 
 from flower import Event, HumanChannel, StepResult
+from supervisor.placement import DIED
 from supervisor.terminal import Terminal, rule, width
 
 pytestmark = pytest.mark.timeout(30)
@@ -303,4 +304,49 @@ def test_a_map_steps_items_share_its_block_and_its_line_sums_what_they_spent():
         "  + 各章[0]  2/3",
         "  + 各章[2]  3/3",
         "  + 各章  0:03 · $0.7500",
+    ]
+
+
+def test_a_retry_talks_of_the_api_only_when_the_api_failed():
+    """Issue 23: a failure of the CLI itself was shown as an API outage, for ever."""
+    api = Event("retry", payload={"attempt": 1, "delay": 4.2, "kind": "transient", "error": "529"})
+    other = Event(
+        "retry", payload={"attempt": 2, "delay": 8.0, "kind": "unknown", "error": "Control timeout"}
+    )
+    died = Event(
+        "retry",
+        payload={
+            "attempt": 1,
+            "delay": 4.0,
+            "kind": "unknown",
+            "error": "step child died without a result (x)",
+        },
+    )
+    fresh = Event("retry", payload={**died.payload, "fresh": True})
+    assert lines(api, other, died, fresh) == [
+        "  ~ API 暂时不可用:网络通了再等 4.2 秒,在同一条会话上接着做(第 1 次失败)",
+        "  ~ 这次尝试失败了(Control timeout):8.0 秒后在同一条会话上接着做(第 2 次失败)",
+        "  ~ 步骤子进程意外退出,4.0 秒后换一个子进程接着同一条会话(第 1 次失败)",
+        "  ~ 步骤子进程意外退出,会话还没存下:4.0 秒后换一个子进程从头开始这一步(第 1 次失败)",
+    ]
+
+
+def test_a_refused_session_and_a_local_failure_are_one_line_each():
+    gone = Event("fresh", payload={"session": "3d985b2b-b2fc-4699", "step": "second"})
+    assert lines(gone) == [
+        "  ~ 会话 3d985b2b 接不上了(CLI 说没有这段对话,多半是上次在提示落盘前就被杀了):"
+        "这一步用自己的提示开新会话重来"
+    ]
+    out = io.StringIO()
+    Terminal(out).row_done(
+        row(
+            "second",
+            0.0,
+            ok=False,
+            error="the CLI failed before any request (error_during_execution): No message found",
+        )
+    )
+    assert out.getvalue().splitlines() == [
+        "  x second  0:03 · $0.0000  Claude Code 在本机就出错了,一个请求都没发出"
+        "(不是网络问题,不重试):No message found"
     ]

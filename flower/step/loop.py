@@ -462,6 +462,9 @@ class StepLoop:
             "delay": round(delay, 1),
             "kind": self.resilience.classify(error),
             "error": error.splitlines()[0][:200] if error else "",
+            # Nothing of the step stored to continue (killed before its prompt was): the
+            # next attempt starts it afresh, and the line says so.
+            "fresh": not (self.seen or self.next.resume),
         }
         self._emit("retry", payload)
         if self.seen:
