@@ -319,7 +319,7 @@ def test_a_retry_talks_of_the_api_only_when_the_api_failed():
             "attempt": 1,
             "delay": 4.0,
             "kind": "unknown",
-            "error": "step child died without a result (x)",
+            "error": f"step child {DIED} (x)",
         },
     )
     fresh = Event("retry", payload={**died.payload, "fresh": True})
