@@ -156,8 +156,9 @@ def wait_for_placed(ws: Path, env: dict[str, str], label: str) -> dict[str, obje
         done = run(["flower-super", "status", "--json"], env, ws)
         if done.returncode in (0, 3) and done.stdout.strip():
             for f in json.loads(done.stdout).get("flowers", []):
-                if label in (f.get("placed") or {}):
-                    return dict(f["placed"][label])
+                where = (f.get("placed") or {}).get(label) or {}
+                if "pid" in where:  # on record from its dispatch; where, once a worker has it
+                    return dict(where)
         time.sleep(0.3)
     raise AssertionError(f"{label} was never placed on a worker")
 
