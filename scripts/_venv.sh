@@ -5,7 +5,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${FLOWER_VENV:-$ROOT/.venv}"
 STAMP="$VENV/.flower-installed"
 # Say what happens while pip is quiet (the catalogue's words, with the system's python3).
-_say() { PYTHONPATH="$ROOT" python3 -m supervisor.bootstrap "$@" || true; }
+_say() { PYTHONPATH="$ROOT" python3 -m supervisor.commands.bootstrap "$@" || true; }
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     BEGAN=$SECONDS
     if [ -f "$STAMP" ]; then _say venv.updating "venv=$VENV"; else _say venv.making "venv=$VENV"; fi

@@ -102,7 +102,7 @@ class Bench:
     # -- the cluster ---------------------------------------------------------------------
 
     def up(self, workers: int) -> Any:
-        from supervisor.cluster import up
+        from supervisor.cluster.local import up
 
         saved = dict(os.environ)
         os.environ.clear()
@@ -115,7 +115,7 @@ class Bench:
         return cluster
 
     def down(self, cluster: Any) -> None:
-        from supervisor.cluster import down
+        from supervisor.cluster.local import down
 
         down(cluster.dir, lambda line: None)
 

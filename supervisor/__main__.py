@@ -1,5 +1,5 @@
 """``python -m supervisor`` is ``flower-super``."""
 
-from supervisor.cli import main
+from supervisor.commands.cli import main
 
 main()

@@ -51,8 +51,8 @@ def closed_port() -> int:
 
 
 def test_a_count_agrees_with_its_noun_in_english(monkeypatch):
-    import supervisor.flows
-    import supervisor.terminal  # noqa: F401  - defines term.* texts
+    import supervisor.run.flows
+    import supervisor.terminal.terminal  # noqa: F401  - defines term.* texts
     from flower.workflow import starter  # noqa: F401  - defines starter.* texts
 
     monkeypatch.setenv("FLOWER_LANG", "en")
@@ -73,7 +73,7 @@ def test_a_count_agrees_with_its_noun_in_english(monkeypatch):
 def test_flower_version(tmp_path):
     from flower import __version__
 
-    done = run("supervisor.flower_cli", "--version", cwd=tmp_path)
+    done = run("supervisor.commands.flower_cli", "--version", cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == f"flower {__version__}", done
 
 
@@ -87,18 +87,20 @@ def test_flower_version(tmp_path):
     ],
 )
 def test_argparse_errors_are_in_the_persons_language(tmp_path, args, zh, en):
-    done = run("supervisor.flower_cli", *args, cwd=tmp_path)
+    done = run("supervisor.commands.flower_cli", *args, cwd=tmp_path)
     assert done.returncode == 2 and zh in done.stderr, done.stderr
     assert "error:" not in done.stderr and "the following" not in done.stderr, done.stderr
-    done = run("supervisor.flower_cli", *args, cwd=tmp_path, lang="en")
+    done = run("supervisor.commands.flower_cli", *args, cwd=tmp_path, lang="en")
     assert done.returncode == 2 and en in done.stderr, done.stderr
 
 
 def test_run_verify_exits_2_for_a_target_that_does_not_load(tmp_path):
-    verify = run("supervisor.flower_cli", "run", "--verify", "missing.py:flow", cwd=tmp_path)
+    verify = run(
+        "supervisor.commands.flower_cli", "run", "--verify", "missing.py:flow", cwd=tmp_path
+    )
     assert verify.returncode == 2 and verify.stderr.startswith("找不到 missing.py"), verify
     # Without --verify it is the reference's deliberate stop (exit 1), as before.
-    plain = run("supervisor.flower_cli", "run", "missing.py:flow", cwd=tmp_path)
+    plain = run("supervisor.commands.flower_cli", "run", "missing.py:flow", cwd=tmp_path)
     assert plain.returncode == 1 and plain.stderr.startswith("找不到 missing.py"), plain
 
 
@@ -155,7 +157,7 @@ def test_start_creates_a_missing_workspace_as_flower_does_and_is_not_held_up_off
     assert time.monotonic() - began < 45
     # flower run: the probe says "net", the run starts and ends.
     done = run(
-        "supervisor.flower_cli",
+        "supervisor.commands.flower_cli",
         "-r",
         str(tmp_path / "runs"),
         "-w",
@@ -173,7 +175,7 @@ def test_a_workspace_that_is_a_file_is_one_line_for_both(tmp_path):
     (tmp_path / "f").write_text("x")
     done = run("supervisor", "start", "--flow", "tests.flows.basic:idle", "-w", "f", cwd=tmp_path)
     assert done.returncode == 2 and "工作区" in done.stderr and "不是目录" in done.stderr, done
-    done = run("supervisor.flower_cli", "-w", "f", "做 X", "--timeout", "0", cwd=tmp_path)
+    done = run("supervisor.commands.flower_cli", "-w", "f", "做 X", "--timeout", "0", cwd=tmp_path)
     assert done.returncode == 1 and "不是目录" in done.stderr.splitlines()[0], done
     assert "Traceback" not in done.stderr
 
@@ -252,7 +254,7 @@ def test_the_light_commands_import_nothing_they_do_not_use(module):
     What they need only to write (logging, signal), to open a database (sqlite3) or never
     (shutil with zlib, bz2 and lzma) is not loaded by importing them."""
     probe = (
-        f"import supervisor.cli, supervisor.{module}, sys\n"
+        f"import supervisor.commands.cli, supervisor.inspect.{module}, sys\n"
         "unused = {'logging', 'sqlite3', 'shutil', 'signal', 'bz2', 'lzma'}\n"
         "print(sorted(unused & set(sys.modules)))"
     )

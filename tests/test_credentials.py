@@ -20,8 +20,13 @@ from flower.people.credentials import (
     load_dotenv,
     source_above_config,
 )
-from supervisor import setup
-from supervisor.setup import configure, describe_credentials, looks_like_credentials_error, mask
+from supervisor.commands import setup
+from supervisor.commands.setup import (
+    configure,
+    describe_credentials,
+    looks_like_credentials_error,
+    mask,
+)
 
 CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 TOKEN = "gw-secret-0123456789abcdef"

@@ -92,7 +92,7 @@ def flower_argv(f: Flower, flags: list[str], *args: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "supervisor.flower_cli",
+        "supervisor.commands.flower_cli",
         "-w",
         str(f.ws),
         "-r",

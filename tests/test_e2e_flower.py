@@ -51,7 +51,7 @@ def flower(f: Flower, *args: str, stdin: str | None = None, lang: str = "zh", ti
         env = {k: v for k, v in f.env.items() if k not in ("FLOWER_LANG", "LC_ALL", "LC_MESSAGES")}
         env["LANG"] = "zh_CN.UTF-8"
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args],
+        [sys.executable, "-m", "supervisor.commands.flower_cli", "-r", str(f.runs), *args],
         cwd=f.ws,
         env=env,
         input=(stdin or "").encode(),
@@ -199,7 +199,7 @@ def test_each_round_and_judge_round_has_its_block_and_the_costs_on_screen_add_up
 
 def Pty(f: Flower, *args: str) -> e2e.Pty:
     """``flower ARGS`` on a pseudo-terminal, from the workspace; status lines every 2 s."""
-    argv = [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args]
+    argv = [sys.executable, "-m", "supervisor.commands.flower_cli", "-r", str(f.runs), *args]
     env = {**f.env, "COLUMNS": "100", "FLOWER_STATUS_EVERY": "2"}
     return e2e.Pty(f, argv, cwd=f.ws, env=env)
 

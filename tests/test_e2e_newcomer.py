@@ -16,7 +16,7 @@ import time
 import pytest
 
 from flower.testing.model_server import ModelServer
-from supervisor.start import HEARTBEAT_S
+from supervisor.run.start import HEARTBEAT_S
 from tests import e2e
 from tests.e2e import REPO, Flower, wait_until
 from tests.test_e2e_starter import BRIEF, conv
@@ -33,7 +33,7 @@ EMPTY = {
 
 def flower(f: Flower, *args: str, lang: str = "zh", stdin: str = "") -> tuple[int, str, str]:
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), *args],
+        [sys.executable, "-m", "supervisor.commands.flower_cli", "-r", str(f.runs), *args],
         cwd=f.ws,
         env={**f.env, "FLOWER_LANG": lang},
         input=stdin.encode(),
@@ -68,7 +68,15 @@ def test_once_says_at_once_that_the_endpoint_cannot_be_reached(flower_env, model
     out = tmp_path / "once.out"
     with open(out, "wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs), "once", "hi"],
+            [
+                sys.executable,
+                "-m",
+                "supervisor.commands.flower_cli",
+                "-r",
+                str(f.runs),
+                "once",
+                "hi",
+            ],
             cwd=f.ws,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -101,7 +109,7 @@ def test_timeout_0_never_waits_at_the_prompt_and_clarify_only_on_a_clarified_dir
     notes = f.ws / ".flower" / "notes"
     notes.mkdir(parents=True)
     (notes / "需求.md").write_text(BRIEF, encoding="utf-8")  # clarified: something to wake
-    argv = [sys.executable, "-m", "supervisor.flower_cli", "-r", str(f.runs)]
+    argv = [sys.executable, "-m", "supervisor.commands.flower_cli", "-r", str(f.runs)]
     term = e2e.Pty(f, [*argv, "--clarify-only", "--timeout", "0"], cwd=f.ws)
     try:
         assert term.wait(60) == 0, term.pump()

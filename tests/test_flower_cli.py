@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.flower_cli import build_parser, with_default_cmd
+from supervisor.commands.flower_cli import build_parser, with_default_cmd
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,7 +115,7 @@ def flower(*args: str, cwd: Path, env_extra: dict[str, str] | None = None, stdin
     env.update({"PYTHONPATH": str(REPO), "HOME": str(cwd / "home"), "FLOWER_LANG": "zh"})
     env.update(env_extra or {})
     return subprocess.run(
-        [sys.executable, "-m", "supervisor.flower_cli", *args],
+        [sys.executable, "-m", "supervisor.commands.flower_cli", *args],
         cwd=cwd,
         env=env,
         input=stdin,

@@ -25,8 +25,8 @@ from flower.state.manifest import Manifest
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
 from flower.state.result import Event, StepResult
 from flower.step.events import entry_is_synthetic
-from supervisor import logs, show, status
-from supervisor.runstate import Choice, Seen
+from supervisor.inspect import logs, show, status
+from supervisor.inspect.runstate import Choice, Seen
 from tests.transcripts import FIXTURES, fixture
 
 CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")

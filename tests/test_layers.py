@@ -108,9 +108,11 @@ def _edges(source: str, target: str) -> list[str]:
 
 def test_the_graph_sees_the_modules_and_their_imports() -> None:
     # The checks below mean nothing if the parser found nothing: a few known arrows.
-    assert {"flower.step.loop", "supervisor.placement", "stepproc.child", "ipc.codec"} <= set(GRAPH)
+    assert {"flower.step.loop", "supervisor.run.placement", "stepproc.child", "ipc.codec"} <= set(
+        GRAPH
+    )
     assert "flower.step.attempt" in GRAPH["flower.step.inprocess"]
-    assert "stepproc" in GRAPH["supervisor.placement"]
+    assert "stepproc" in GRAPH["supervisor.run.placement"]
     assert "flower.agents.agent" in GRAPH["flower.step.call"]  # a TYPE_CHECKING import counts
 
 

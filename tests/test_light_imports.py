@@ -28,12 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("claude_agent_sdk", "anyio", "flower.state.sqlite", "temporalio", "psycopg")
 # The modules the light commands import.
 LIGHT = (
-    "supervisor.cli",
-    "supervisor.flower_cli",
-    "supervisor.status",
-    "supervisor.cancel",
-    "supervisor.show",
-    "supervisor.logs",
+    "supervisor.commands.cli",
+    "supervisor.commands.flower_cli",
+    "supervisor.inspect.status",
+    "supervisor.inspect.cancel",
+    "supervisor.inspect.show",
+    "supervisor.inspect.logs",
 )
 # What `import flower` loads besides itself: the error classes every front end catches.
 EAGER = {"flower", "flower._errors"}
@@ -68,7 +68,7 @@ def test_importing_a_light_command_leaves_the_sdk_out(module: str) -> None:
 def _run_cli(args: list[str]) -> str:
     """flower-super with ``args``, in-process in the child, whatever its exit status."""
     return (
-        "from supervisor.cli import main\n"
+        "from supervisor.commands.cli import main\n"
         "try:\n"
         f"    main({args!r}, standalone_mode=False)\n"
         "except SystemExit:\n"

@@ -29,7 +29,8 @@ from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
 from flower.testing.cli_env import cli_env
 from flower.testing.model_server import ModelServer, RecordedRequest
-from supervisor.oracle import (
+from supervisor.run.placement import Forked
+from supervisor.terminal.oracle import (
     ASIDE_DIRNAME,
     EVENT_CHARS,
     RECENT_EVENTS,
@@ -38,7 +39,6 @@ from supervisor.oracle import (
     RecentEvents,
     is_question,
 )
-from supervisor.placement import Forked
 
 # -- which lines are questions --------------------------------------------------------------
 

@@ -49,7 +49,7 @@ def refused(done: subprocess.CompletedProcess[str], says: str) -> None:
 
 
 SUPER = ("supervisor", "start", "do it")
-FLOWER = ("supervisor.flower_cli", "do it")
+FLOWER = ("supervisor.commands.flower_cli", "do it")
 
 
 @pytest.mark.parametrize("cmd", [SUPER, FLOWER], ids=["flower-super start", "flower"])
@@ -72,14 +72,16 @@ def test_flower_placement_from_the_environment_is_checked_as_well(tmp_path):
 
 
 def test_flower_once_says_it_runs_here(tmp_path):
-    done = run(tmp_path, "supervisor.flower_cli", "once", "hi", "--placement", "temporal://h:1/q")
+    done = run(
+        tmp_path, "supervisor.commands.flower_cli", "once", "hi", "--placement", "temporal://h:1/q"
+    )
     assert done.returncode == 2, done.stderr
     assert "--placement is for flows" in done.stderr and "Traceback" not in done.stderr
     assert "hint" in done.stderr
 
 
 @pytest.mark.parametrize(
-    "cmd", [("supervisor", "start", "--help"), ("supervisor.flower_cli", "--help")]
+    "cmd", [("supervisor", "start", "--help"), ("supervisor.commands.flower_cli", "--help")]
 )
 def test_help_explains_it(tmp_path, cmd):
     done = run(tmp_path, *cmd)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from flower.people.credentials import config_env_path
-from supervisor.setup import SetupExit, ensure_credentials, probe, setup_main
+from supervisor.commands.setup import SetupExit, ensure_credentials, probe, setup_main
 from tests.test_credentials import API_KEY, TOKEN, Home, Screen, machine  # noqa: F401
 
 Reply = tuple[int, str]

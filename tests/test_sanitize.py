@@ -8,7 +8,7 @@ import pytest
 
 from flower import Event
 from flower.util.sanitize import clean
-from supervisor.terminal import Terminal
+from supervisor.terminal.terminal import Terminal
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,7 +17,7 @@ from flower import ConfigError
 from flower.testing import _script, _wire
 from flower.testing._format import SCRIPT_FORMAT
 from flower.testing._script import Script
-from supervisor.cli import main as flower_super
+from supervisor.commands.cli import main as flower_super
 from tests.e2e import REPO
 
 # "Turn keys (a plain string is short for {"text": ...}):" -> ("Turn", "keys")
@@ -139,7 +139,7 @@ def test_the_public_surface_resolves():
 @pytest.mark.timeout(30)  # two fresh interpreters
 def test_the_help_stays_cheap_to_import():
     code = (
-        "import sys, supervisor.cli; "
+        "import sys, supervisor.commands.cli; "
         "print(sorted(m for m in ('claude_agent_sdk', 'flower.testing.model_server', "
         "'flower.testing._script') if m in sys.modules))"
     )

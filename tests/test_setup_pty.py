@@ -15,7 +15,7 @@ from tests.test_credentials import TOKEN, Home, machine  # noqa: F401
 from tests.test_probe import Gateway, gateway  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
-CODE = "from supervisor.setup import setup_main; raise SystemExit(setup_main())"
+CODE = "from supervisor.commands.setup import setup_main; raise SystemExit(setup_main())"
 
 
 class Pty:

@@ -30,8 +30,8 @@ from flower.state.records import LedgerRow
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, process_started
 from flower.state.result import Event, StepResult
 from flower.testing.cli_env import cli_env
-from supervisor import show, status
-from supervisor.runstate import Choice, Seen, choose, lacks_password, without_password
+from supervisor.inspect import show, status
+from supervisor.inspect.runstate import Choice, Seen, choose, lacks_password, without_password
 from tests.e2e import REPO, wait_until
 from tests.transcripts import fixture
 
@@ -369,7 +369,16 @@ def test_every_state_mistake_is_one_line_on_every_command(
             argv = ["-m", "supervisor", *args, "--to", url, "-w", str(ws), "-r", str(runs)]
             runs.mkdir(exist_ok=True)  # export reads a run_dir: the database is what refuses
         elif name == "flower":
-            argv = ["-m", "supervisor.flower_cli", "-w", str(ws), "-r", str(runs), "--state", url]
+            argv = [
+                "-m",
+                "supervisor.commands.flower_cli",
+                "-w",
+                str(ws),
+                "-r",
+                str(runs),
+                "--state",
+                url,
+            ]
             argv += ["run", "tests.flows.basic:one"]
         else:
             argv = ["-m", "supervisor", *args, "--state", url, "-w", str(ws), "-r", str(runs)]
@@ -404,7 +413,7 @@ def test_new_archives_the_databases_lineage_and_waits_for_a_live_flower(
 ) -> None:
     from flower import RunDirBusy
     from flower.workflow.starter import archive, wake_state
-    from supervisor.flows import refuse_new_while_live
+    from supervisor.run.flows import refuse_new_while_live
 
     st = shared(pg_dsn, tmp_path / "ws")
     lineage = st.lineage()

@@ -20,7 +20,7 @@ from flower import AgentSpec, Resilience, Runtime, StepResult, read_manifest
 from flower.step.call import StepCall
 from flower.step.proctree import PROCS, ProcessTree
 from ipc import Answer, Ask, Failure, LineWriter, Message, Result, Shutdown, Start, read_messages
-from supervisor.placement import Forked
+from supervisor.run.placement import Forked
 
 SPEC = AgentSpec(name="t", instructions="x")
 
@@ -51,7 +51,7 @@ def with_child(monkeypatch, behaviour) -> None:
         PROCS.forked()  # the signals held back across the fork
         return behaviour(setup)
 
-    monkeypatch.setattr("supervisor.placement.child_main", fake_child_main)
+    monkeypatch.setattr("supervisor.run.placement.child_main", fake_child_main)
 
 
 def run(rt: Runtime):

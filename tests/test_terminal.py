@@ -9,8 +9,8 @@ import os
 import pytest
 
 from flower import Event, HumanChannel, StepResult
-from supervisor.placement import DIED
-from supervisor.terminal import Terminal, rule, width
+from supervisor.run.placement import DIED
+from supervisor.terminal.terminal import Terminal, rule, width
 
 pytestmark = pytest.mark.timeout(30)
 

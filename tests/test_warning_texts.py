@@ -29,14 +29,14 @@ MODULES = (
     "flower.state.registry",
     "flower.state.manifest",
     "flower.people.human",
-    "supervisor.placement",
+    "supervisor.run.placement",
 )
 PREFIXES = {name.rpartition(".")[2] for name in MODULES} - {"base"} | {"workflow"}
 
 
 def _sources() -> list[Path]:
     paths = [*(REPO / "flower").rglob("*.py"), *(REPO / "stepproc").rglob("*.py")]
-    return [*paths, REPO / "supervisor" / "placement.py"]
+    return [*paths, REPO / "supervisor" / "run" / "placement.py"]
 
 
 def _fields(text: str) -> set[str]:

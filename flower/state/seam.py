@@ -212,7 +212,7 @@ class CacheRows(Protocol):
 
 class EventRows(Protocol):
     def append(self, run: str, event: dict[str, Any]) -> None:
-        """One line of the run's event log (``supervisor.eventlog.line``'s object)."""
+        """One line of the run's event log (``flower.state.eventlog.line``'s object)."""
         ...
 
     def read(self, run: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:

@@ -4,7 +4,7 @@ The step loop (:mod:`flower.step.loop`) decides everything about a step: how man
 what each one sends, which session it continues, when to wait, back off, hand off or stop.
 Below it, a *placement* runs exactly one attempt somewhere and reports what happened. Two
 exist: :class:`flower.step.inprocess.InProcess` (this process: library users) and the
-supervisor's forked step child (``supervisor.placement.Forked``). A third (a task on a
+supervisor's forked step child (``supervisor.run.placement.Forked``). A third (a task on a
 cluster engine) needs no change to the loop or the workflow if it keeps this contract:
 
 ``await placement.attempt(call, seat, watch) -> StepResult``

@@ -4,7 +4,7 @@
 transient API errors that resume the same session, cooperative interrupts, handoffs when the
 context fills up. One ``run`` call is one manifest row. Where each attempt runs is the
 Runtime's *placement*: this process by default (:class:`~.placement.InProcess`), a forked
-step child under ``flower-super`` (``supervisor.placement.Forked``). Everything else —
+step child under ``flower-super`` (``supervisor.run.placement.Forked``). Everything else —
 lineage, the manifest, the registry record, interrupts — is the same for both.
 """
 

@@ -40,7 +40,8 @@ __all__ = ["starter_script"]
 #: A scripted turn: a text, or a turn object of the script format (``{"tool_use": …}`` …).
 Turn: TypeAlias = str | Mapping[str, Any]
 
-#: What ``flower`` sends to check the credentials before a run (supervisor/setup.py's probe).
+#: What ``flower`` sends to check the credentials before a run (the probe of
+#: supervisor/commands/setup.py).
 PROBE_PROMPT = "hi"
 
 _DEFAULT_BRIEF = Brief(

@@ -1,7 +1,7 @@
 """Step and Workflow: steps in order, state passed through ctx, continuity by default.
 
 The same ``Workflow.run`` drives both paths: in-process with a plain ``Runtime``, and under
-``flower-super`` with a ``Runtime`` whose placement (``supervisor.placement.Forked``) puts
+``flower-super`` with a ``Runtime`` whose placement (``supervisor.run.placement.Forked``) puts
 each attempt in its own child process. Control flow (when / gate / on_reject / reduce /
 retries) is evaluated here, in the process that owns lineage and the manifest. What holds
 for one step call only (its session callback, an ``idempotent=False`` step's single

@@ -4,7 +4,7 @@ Four subcommands: ``go`` (the default: the starter flow 确认需求 → 设定�
 TARGET`` (a flow of your own), ``once PROMPT`` (one agent, once) and ``setup`` (credentials).
 ``go`` and ``run`` run under the supervisor exactly as ``flower-super start`` does (one child
 process per step attempt and per judge round; the same signals, manifest rows and resume):
-both call :func:`supervisor.start.run_start`.
+both call :func:`supervisor.run.start.run_start`.
 
 The argv is first given its default subcommand (:func:`with_default_cmd`): the first token
 that is not a global flag (or a global flag's value) names the subcommand when it is one,
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flower.i18n import define, t
-from supervisor.runstate import Choice, choose, open_chosen
+from supervisor.inspect.runstate import Choice, choose, open_chosen
 
 CMDS = ("go", "run", "once", "setup")
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(t("cli.no_cmd"))
     try:
         if args.cmd == "setup":
-            from supervisor.setup import setup_main
+            from supervisor.commands.setup import setup_main
 
             return setup_main()
         if args.cmd == "once":
@@ -485,13 +485,13 @@ def _err(message: str, hint: str = "") -> None:
 
 
 def _workspace(args: argparse.Namespace) -> Path:
-    from supervisor.cli import workspace_dir
+    from supervisor.commands.cli import workspace_dir
 
     return workspace_dir(Path(args.workspace))  # FlowerError: one line, exit 1
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
-    from supervisor.cli import check_run_dir
+    from supervisor.commands.cli import check_run_dir
 
     path = Path(args.run_dir).expanduser()
     check_run_dir(path)
@@ -499,16 +499,16 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 
 def _state(args: argparse.Namespace, workspace: Path, run_dir: Path) -> tuple[Choice, Any]:
-    """The run state this command uses (:mod:`supervisor.runstate`), opened before anything
+    """The run state this command uses (:mod:`supervisor.inspect.runstate`), opened before anything
     is made: one that cannot be used stops here (one line, exit 1) and leaves no trace."""
     chosen = choose(getattr(args, "state", None), workspace)
     return chosen, open_chosen(chosen, run_dir=run_dir, workspace=workspace, create=True)
 
 
 def _placement(args: argparse.Namespace, workspace: Path, opened: Any) -> str | None:
-    """Where the run's attempts go (:func:`supervisor.start.choose_placement`): None for
+    """Where the run's attempts go (:func:`supervisor.run.start.choose_placement`): None for
     forked children here; checked before anything runs."""
-    from supervisor.start import choose_placement
+    from supervisor.run.start import choose_placement
 
     return choose_placement(getattr(args, "placement", None), workspace, opened)
 
@@ -526,7 +526,7 @@ def _credentials(args: argparse.Namespace, workspace: Path) -> None:
 
 def _have_credentials(workspace: Path) -> None:
     """Gate one: credentials are found, or asked for on a terminal (no request is sent)."""
-    from supervisor.setup import SetupExit, have_credentials
+    from supervisor.commands.setup import SetupExit, have_credentials
 
     try:
         have_credentials(
@@ -538,14 +538,14 @@ def _have_credentials(workspace: Path) -> None:
 
 def _credentials_work(args: argparse.Namespace) -> None:
     """Gate two: the probe's one request (a rejected key gets one chance on a terminal)."""
-    from supervisor.setup import SetupExit, credentials_work
+    from supervisor.commands.setup import SetupExit, credentials_work
 
     try:
         credentials_work(interactive=sys.stdin.isatty(), say=_say, read_line=_input_line)
     except SetupExit as exc:
         raise Stop(exc.message, exc.code) from None
     if args.verbose:
-        from supervisor.setup import describe_credentials
+        from supervisor.commands.setup import describe_credentials
 
         for line in describe_credentials():
             _say(line)
@@ -596,9 +596,9 @@ def _read_ask(waking: bool) -> str:
 
 def _go(args: argparse.Namespace) -> int:
     from flower.workflow.starter import NO_ASK, NOT_GIT, in_git, wake_state
-    from supervisor.flows import starter
-    from supervisor.start import StartArgs, run_start
-    from supervisor.terminal import Terminal
+    from supervisor.run.flows import starter
+    from supervisor.run.start import StartArgs, run_start
+    from supervisor.terminal.terminal import Terminal
 
     if args.window is not None and args.window < 0:
         raise Stop(t("cli.bad_window", value=args.window), code=2)
@@ -673,7 +673,7 @@ def _after_stop(code: int, term: Any) -> int:
     why = str(getattr(term, "stop_reason", "") or "")
     if code != 1 or not why or not sys.stdin.isatty():
         return code
-    from supervisor.setup import configure, looks_like_credentials_error
+    from supervisor.commands.setup import configure, looks_like_credentials_error
 
     if not looks_like_credentials_error(why):
         return code
@@ -711,9 +711,9 @@ def _go_command(args: argparse.Namespace, ws: Path, run_dir: Path) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from supervisor.flows import load_flow
-    from supervisor.start import StartArgs, run_start
-    from supervisor.terminal import Terminal
+    from supervisor.run.flows import load_flow
+    from supervisor.run.start import StartArgs, run_start
+    from supervisor.terminal.terminal import Terminal
 
     ws = _workspace(args)
     run_dir = _run_dir(args)
@@ -767,8 +767,8 @@ def _once(args: argparse.Namespace) -> int:
     import time
 
     from flower import AgentSpec, Runtime
-    from supervisor.setup import unreachable
-    from supervisor.terminal import Terminal, clock
+    from supervisor.commands.setup import unreachable
+    from supervisor.terminal.terminal import Terminal, clock
 
     ws = _workspace(args)
     run_dir = _run_dir(args)

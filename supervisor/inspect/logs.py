@@ -28,10 +28,10 @@ from flower import FlowerError
 from flower.i18n import define, t
 from flower.state.registry import RUNNING, FlowerRecord, state_of
 from flower.util.sanitize import clean
-from supervisor.cancel import find_run
-from supervisor.columns import terminal_columns
-from supervisor.columns import width as cols
-from supervisor.out import echo, one_line
+from supervisor.inspect.cancel import find_run
+from supervisor.terminal.columns import terminal_columns
+from supervisor.terminal.columns import width as cols
+from supervisor.terminal.out import echo, one_line
 
 POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us
 WAIT_S = 1.0  # a database's event wait wakes at least this often to see if the run ended

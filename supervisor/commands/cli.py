@@ -21,7 +21,7 @@ import click.types
 
 from flower import FlowerError, __version__
 from flower.i18n import define, gettext_for, t
-from supervisor.runstate import choose, looking, open_chosen
+from supervisor.inspect.runstate import choose, looking, open_chosen
 
 # click's own words (its gettext message ids) that a person of flower-super can meet.
 CLICK_WORDS = {
@@ -370,7 +370,7 @@ define(
 
 state_option = click.option(
     "--state", "state", default=None, metavar="URL", help=t("state.help.option")
-)  # see supervisor.runstate
+)  # see supervisor.inspect.runstate
 
 placement_option = click.option(
     "--placement",
@@ -378,7 +378,7 @@ placement_option = click.option(
     default=None,
     metavar="temporal://HOST:PORT/QUEUE",
     help=t("state.help.placement"),
-)  # see supervisor.start.choose_placement
+)  # see supervisor.run.start.choose_placement
 
 
 workspace_option = click.option(
@@ -475,9 +475,9 @@ def start(
     placement: str | None,
 ) -> None:
     """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
-    from supervisor.flows import load_flow, starter
-    from supervisor.start import StartArgs, choose_placement, run_start
-    from supervisor.terminal import Terminal
+    from supervisor.run.flows import load_flow, starter
+    from supervisor.run.start import StartArgs, choose_placement, run_start
+    from supervisor.terminal.terminal import Terminal
 
     ws = (workspace or Path.cwd()).expanduser()
     try:
@@ -543,7 +543,7 @@ def _resume_command(
     state_args: list[str] | None = None,
 ) -> list[str]:
     """The command that carries this run on later (shown by status for a dead run);
-    ``state_args``: :meth:`supervisor.runstate.Choice.resume_args`."""
+    ``state_args``: :meth:`supervisor.inspect.runstate.Choice.resume_args`."""
     cmd = ["flower-super", "start"]
     if flow_ref:
         cmd += ["--flow", flow_ref]
@@ -561,7 +561,7 @@ def _resume_command(
 @click.option("--json", "as_json", is_flag=True, help=t("super.help.json"))
 def status(run_dir: Path, workspace: Path, state: str | None, as_json: bool) -> None:
     """``flower-super status``: exit 0, 3 (dead and unfinished) or 2 (a mistake)."""
-    from supervisor.status import collect, render_text
+    from supervisor.inspect.status import collect, render_text
 
     try:
         with looking(run_dir, workspace, state) as seen:
@@ -584,7 +584,7 @@ def status(run_dir: Path, workspace: Path, state: str | None, as_json: bool) -> 
 @state_option
 def cancel(run: str, run_dir: Path, workspace: Path, state: str | None) -> None:
     """``flower-super cancel RUN``."""
-    from supervisor.cancel import cancel as cancel_run
+    from supervisor.inspect.cancel import cancel as cancel_run
 
     try:
         with looking(run_dir, workspace, state) as seen:
@@ -609,7 +609,7 @@ def cancel(run: str, run_dir: Path, workspace: Path, state: str | None) -> None:
 )
 def verify(flow_ref: str) -> None:
     """``flower-super verify --flow REF``."""
-    from supervisor.flows import load_flow
+    from supervisor.run.flows import load_flow
 
     try:
         wf = load_flow(flow_ref)
@@ -628,7 +628,7 @@ def show(
     what: str | None, run_dir: Path, workspace: Path, state: str | None, as_json: bool
 ) -> None:
     """``flower-super show [RUN | STEP]``."""
-    from supervisor.show import run
+    from supervisor.inspect.show import run
 
     try:
         with looking(run_dir, workspace, state) as seen:
@@ -645,7 +645,7 @@ def show(
 @state_option
 def logs(run: str | None, follow_: bool, run_dir: Path, workspace: Path, state: str | None) -> None:
     """``flower-super logs [-f] [RUN]``."""
-    from supervisor.logs import run as run_logs
+    from supervisor.inspect.logs import run as run_logs
 
     try:
         with looking(run_dir, workspace, state) as seen:
@@ -719,7 +719,7 @@ def model_server(script_path: str, port: int, log_path: str | None) -> None:
 @click.option("--keep", is_flag=True, help=t("super.help.keep"))
 def demo(keep: bool) -> None:
     """``flower-super demo``."""
-    from supervisor.demo import run_demo
+    from supervisor.commands.demo import run_demo
 
     try:
         sys.exit(run_demo(keep=keep))
@@ -743,7 +743,7 @@ def demo(keep: bool) -> None:
 @click.option("--map", "maps", multiple=True, metavar="FROM=TO", help=t("super.help.map"))
 def worker(target: str, queue: str, slots: int, state: str | None, maps: tuple[str, ...]) -> None:
     """``flower-super worker``."""
-    from supervisor.worker import WorkerConfig, parse_map, run_worker
+    from supervisor.cluster.worker import WorkerConfig, parse_map, run_worker
 
     try:
         cfg = WorkerConfig(target, queue, slots, state, [parse_map(m) for m in maps])
@@ -779,7 +779,7 @@ cluster_dir_option = click.option(
 @cluster_dir_option
 def cluster_up(workers: int, where: Path | None) -> None:
     """``flower-super cluster up``: the two export lines on stdout, the rest on stderr."""
-    from supervisor.cluster import default_dir, up
+    from supervisor.cluster.local import default_dir, up
 
     def say(line: str) -> None:
         click.echo(line, err=True)
@@ -796,7 +796,7 @@ def cluster_up(workers: int, where: Path | None) -> None:
 @cluster.command("down", help=t("super.help.cluster_down"))
 @cluster_dir_option
 def cluster_down(where: Path | None) -> None:
-    from supervisor.cluster import default_dir, down
+    from supervisor.cluster.local import default_dir, down
 
     try:
         down(where or default_dir(), lambda line: click.echo(line, err=True))

@@ -58,10 +58,10 @@ from flower.step.events import (
     tagged,
 )
 from flower.util.sanitize import clean
-from supervisor.cancel import find_run
-from supervisor.columns import line_width
-from supervisor.columns import width as cols
-from supervisor.out import echo, one_line
+from supervisor.inspect.cancel import find_run
+from supervisor.terminal.columns import line_width
+from supervisor.terminal.columns import width as cols
+from supervisor.terminal.out import echo, one_line
 
 CALL_CHARS = 120  # a tool call's argument, cut
 RESULT_CHARS = 160  # the first line of a tool result, cut

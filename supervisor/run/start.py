@@ -35,11 +35,11 @@ from flower.step.proctree import PROCS
 from flower.workflow import Workflow
 from flower.workflow.goal import why_rejected
 from flower.workflow.starter import archive
-from supervisor.flows import refuse_new_while_live
-from supervisor.oracle import Oracle
-from supervisor.placement import Forked
-from supervisor.setup import unreachable
-from supervisor.terminal import Terminal, show_warnings
+from supervisor.commands.setup import unreachable
+from supervisor.run.flows import refuse_new_while_live
+from supervisor.run.placement import Forked
+from supervisor.terminal.oracle import Oracle
+from supervisor.terminal.terminal import Terminal, show_warnings
 
 define(
     {
@@ -118,7 +118,7 @@ class StartArgs:
     handoff: Any = True  # Runtime(handoff=...): True, False, or a HandoffPolicy
     # Runtime(workbench=...) when the flow has none of its own; None = <workspace>/.flower
     workbench: Any = None
-    # Runtime(state=...): the run state the command chose and opened (supervisor.runstate);
+    # Runtime(state=...): the run state the command chose and opened (supervisor.inspect.runstate);
     # None = FLOWER_STATE as the Runtime finds it, else the run_dir's files
     state: Any = None
     # Where attempts run: None = forked here; "temporal://H:P/QUEUE" (the CLIs resolve
@@ -166,8 +166,7 @@ def choose_placement(given: str | None, workspace: Path, state: Any) -> str | No
     Checked before anything runs: an address that is not ``temporal://HOST:PORT/QUEUE`` and
     a cluster with the run state in local files are each one line with a hint."""
     from flower.people.credentials import lookup
-
-    from .remote import Where
+    from supervisor.cluster.remote import Where
 
     url = (given if given is not None else lookup(PLACEMENT_ENV, workspace) or "").strip()
     if not url:
@@ -182,10 +181,10 @@ def choose_placement(given: str | None, workspace: Path, state: Any) -> str | No
 
 
 def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
-    """The Temporal placement (supervisor.remote): attempts on workers; an attempt a dead
+    """The Temporal placement (supervisor.cluster.remote): attempts on workers; an attempt a dead
     supervisor of this flow left running is attached to, never dispatched again."""
-    from .flows import recipe_of
-    from .remote import TemporalPlacement, Where
+    from supervisor.cluster.remote import TemporalPlacement, Where
+    from supervisor.run.flows import recipe_of
 
     recipe = recipe_of(wf)
     if recipe is None:

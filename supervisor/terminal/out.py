@@ -11,7 +11,7 @@ import sys
 import click
 
 from flower.util.sanitize import clean
-from supervisor.columns import fit
+from supervisor.terminal.columns import fit
 
 
 def one_line(text: str, limit: int) -> str:

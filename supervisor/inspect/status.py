@@ -36,7 +36,7 @@ from flower.state.registry import (
 )
 from flower.state.reuse import report_lines, summary
 from flower.state.stores import SESSIONS_DB
-from supervisor.runstate import Seen, lacks_password
+from supervisor.inspect.runstate import Seen, lacks_password
 
 LAST_ROWS = 10
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.

@@ -21,7 +21,7 @@ run. On exit :meth:`Oracle.drain` waits at most 120 s for answers in flight, say
 ``(等 N 条旁路问答收尾…)`` first.
 
 Where the oracle's step runs. Under ``flower-super`` the oracle shares the supervisor's own
-:class:`~supervisor.placement.Forked` (pass ``placement=rt.placement``): its step is one more
+:class:`~supervisor.run.placement.Forked` (pass ``placement=rt.placement``): its step is one more
 forked child, like every step attempt. Not an in-process placement, though it would be
 simplest (the SDK is preloaded here either way), because in the supervisor
 

@@ -10,7 +10,7 @@ dispatched — running, still waiting in the queue, or ended meanwhile — and a
 the supervisor stops (SIGTERM, SIGHUP) ends for good: its worker fails it as not retryable.
 A ``flower-super worker`` on any machine
 runs it in a forked step child exactly as the supervisor runs one locally
-(:mod:`supervisor.worker`).
+(:mod:`supervisor.cluster.worker`).
 
 Payloads carry ids and references (:class:`Order`): the flow to load, the workspace and its
 identity, the step call with its agent by name and plain fields. Never an API key (a worker
@@ -66,8 +66,7 @@ from ipc import (
     decode,
     encode,
 )
-
-from .placement import answer_for, event_of
+from supervisor.run.placement import answer_for, event_of
 
 log = logging.getLogger("flower.supervisor")
 
@@ -155,7 +154,7 @@ class Order:
 
     id: str  # the activity id
     run: str  # the supervisor's run id
-    flow: dict[str, Any]  # how to build the flow again (supervisor.worker.flow_of)
+    flow: dict[str, Any]  # how to build the flow again (supervisor.cluster.worker.flow_of)
     workspace: str  # the workspace's path on the supervisor's machine
     workspace_id: str  # its identity: a worker checks it before running anything there
     run_dir: str  # where step logs go (its path on the supervisor's machine)

@@ -42,9 +42,9 @@ from flower.i18n import define, t
 from flower.state.result import Event, StepResult
 from flower.step.resilience import LOCAL, TRANSIENT, classify
 from flower.util.sanitize import clean
-from supervisor.columns import cut, fit, line_width, width
-from supervisor.oracle import is_question
-from supervisor.placement import DIED
+from supervisor.run.placement import DIED
+from supervisor.terminal.columns import cut, fit, line_width, width
+from supervisor.terminal.oracle import is_question
 
 RULE_WIDTH = 38
 MAX_WIDTH = 110  # the reference: max(40, min(terminal columns, 110))
@@ -305,7 +305,7 @@ class Terminal:
         self.verbose = verbose
         self.woke = 1
         self.channel: Any = None  # the flow's HumanChannel: its questions are answered here
-        self.oracle: Any = None  # supervisor.oracle.Oracle: where ``?`` lines go
+        self.oracle: Any = None  # supervisor.terminal.oracle.Oracle: where ``?`` lines go
         self.rt: Any = None  # the Runtime, for the cost so far
         self.cols = line_width(MAX_WIDTH)
         self.stdin_tty = _isatty_fd(stdin_fd)

@@ -1,10 +1,10 @@
 """``flower-super worker``: runs the attempts a supervisor placed on a Temporal task queue.
 
-A worker is the supervisor's fork placement (:class:`supervisor.placement.Forked`) behind a
+A worker is the supervisor's fork placement (:class:`supervisor.run.placement.Forked`) behind a
 Temporal activity: each attempt runs in a forked step child exactly as on the supervisor's
 machine — the same isolation, hooks, tool ledger and process-tree cleanup — with what the
 child says relayed to the supervisor through the attempt's mailbox
-(:mod:`supervisor.remote`), and what the supervisor says (an interrupt, an answer,
+(:mod:`supervisor.cluster.remote`), and what the supervisor says (an interrupt, an answer,
 ``shutdown``) relayed back.
 
 Before it runs anything it loads the flow the attempt names and checks the workspace: it must
@@ -43,9 +43,7 @@ from flower.state.result import Event, StepResult, jsonable
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
 from ipc import Answer, Ask, EventMsg, Interrupt, Result, Session, Shutdown
-
-from .placement import Forked
-from .remote import (
+from supervisor.cluster.remote import (
     ACTIVITY,
     HEARTBEAT_EVERY_S,
     Mailbox,
@@ -54,6 +52,7 @@ from .remote import (
     down,
     up,
 )
+from supervisor.run.placement import Forked
 
 log = logging.getLogger("flower.supervisor")
 
@@ -198,7 +197,7 @@ class Attempts:
 
     def flow_for(self, recipe: dict[str, Any], ws: Path, run_dir: Path) -> Any:
         """Build the flow the attempt came from (its specs are what the order names)."""
-        from .flows import load_flow
+        from supervisor.run.flows import load_flow
 
         key = repr(sorted(recipe.items())) + str(ws)
         if key in self._flows:

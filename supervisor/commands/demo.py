@@ -22,7 +22,7 @@ import psutil
 
 from flower import FlowerError
 from flower.i18n import define, t
-from supervisor.demo_flow import RESEARCH, WRAP, WRITE
+from supervisor.commands.demo_flow import RESEARCH, WRAP, WRITE
 
 STEP_TIMEOUT = 60.0
 GONE_WITHIN = 5.0  # the children notice their parent's death within moments
@@ -141,7 +141,7 @@ def run_demo(*, keep: bool = False) -> int:
         "supervisor",
         "start",
         "--flow",
-        "supervisor.demo_flow:flow",
+        "supervisor.commands.demo_flow:flow",
         "-w",
         str(ws),
         "-r",

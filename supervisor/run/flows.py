@@ -192,7 +192,7 @@ def load_flow(ref: str, ask: str = "") -> Workflow:
 
 
 #: How a Workflow was built (the attribute :func:`load_flow` and :func:`starter` set), so a
-#: worker on another machine builds the same one (supervisor.worker); :func:`recipe_of`.
+#: worker on another machine builds the same one (supervisor.cluster.worker); :func:`recipe_of`.
 RECIPE = "_flower_recipe"
 
 

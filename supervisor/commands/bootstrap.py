@@ -2,7 +2,7 @@
 
 It runs before anything is installed, with the system's ``python3``: this module and what it
 imports (:mod:`flower.i18n`) need only the standard library.
-``python3 -m supervisor.bootstrap KEY [name=value ...]`` prints the text ``KEY`` on stderr.
+``python3 -m supervisor.commands.bootstrap KEY [name=value ...]`` prints the text ``KEY`` on stderr.
 """
 
 from __future__ import annotations
