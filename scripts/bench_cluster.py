@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT))
 
-from flower.testing.cli_env import cli_env  # noqa: E402
-from flower.testing.model_server import ModelServer  # noqa: E402
+from flower.services.cli_env import cli_env  # noqa: E402
+from flower.services.model_server import ModelServer  # noqa: E402
 
 STEP_GOAL, FAN_GOAL, TAKEOVER_GOAL = 1.25, 0.35, 10.0
 ITEMS, ITEM_DELAY_S = 8, 4.0

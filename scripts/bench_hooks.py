@@ -49,8 +49,8 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
-from flower.testing.cli_env import cli_env  # noqa: E402
-from flower.testing.model_server import ModelServer  # noqa: E402
+from flower.services.cli_env import cli_env  # noqa: E402
+from flower.services.model_server import ModelServer  # noqa: E402
 
 
 def script(calls: int) -> dict[str, Any]:

@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args(argv)
 
-    from flower.testing.cli_env import cli_env
-    from flower.testing.model_server import ModelServer
+    from flower.services.cli_env import cli_env
+    from flower.services.model_server import ModelServer
 
     tmp = Path(tempfile.mkdtemp(prefix="flower-bench-memo-"))
     ws, runs = tmp / "ws", tmp / "runs"

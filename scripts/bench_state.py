@@ -4,7 +4,7 @@
         [--writers 1,4,16,32] [--pace-ms 4] [--dsn URL] [--only step,append,status]
 
 Three comparisons, each local files beside PostgreSQL, on one throwaway server (fsync on,
-``flower.testing.postgres``) unless ``--dsn`` names one (a superuser's URL: databases are
+``flower.services.postgres``) unless ``--dsn`` names one (a superuser's URL: databases are
 made on it and dropped):
 
 1. **The marginal supervised step** (goal: PostgreSQL at most 1.1x local files):
@@ -192,8 +192,8 @@ STEP_GOAL = 1.1
 def bench_step(server_url: str, tmp: Path, rounds: int, steps: int) -> list[str]:
     from bench_supervisor import FLOW_SRC, measured
 
-    from flower.testing.cli_env import cli_env
-    from flower.testing.model_server import ModelServer
+    from flower.services.cli_env import cli_env
+    from flower.services.model_server import ModelServer
 
     root = tmp / "step"
     root.mkdir()
@@ -311,7 +311,7 @@ def main() -> int:
     args = parser.parse_args()
     only = {x.strip() for x in args.only.split(",")}
     counts = [int(n) for n in args.writers.split(",")]
-    from flower.testing.postgres import start_postgres
+    from flower.services.postgres import start_postgres
 
     server = None if args.dsn else start_postgres(durable=True)
     out: list[str] = []

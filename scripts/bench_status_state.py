@@ -9,7 +9,7 @@ runs both commands once, in a shuffled order, so a burst of load on this shared 
 falls on both alike; the table gives medians and minimums, and the ratio of the medians
 (the goal, issue 18 point 8: PostgreSQL within 1.5x of local files).
 
-The server is a throwaway one (``flower.testing.postgres``) unless ``--dsn`` names one (a
+The server is a throwaway one (``flower.services.postgres``) unless ``--dsn`` names one (a
 superuser's URL: a database is made for the run and dropped after it). Each command runs
 once untimed first (its bytecode written, as an installed flower has it).
 """
@@ -85,7 +85,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_state import bench_status
 
-    from flower.testing.postgres import start_postgres
+    from flower.services.postgres import start_postgres
 
     server = None if args.dsn else start_postgres(durable=True)
     try:

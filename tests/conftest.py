@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flower.testing.model_server import ModelServer
+from flower.services.model_server import ModelServer
 
 # Fixtures for users' tests and ours alike, made available to every test module by name.
 from flower.testing.pytest_helpers import claude_home, model_server, reaper  # noqa: F401

@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 
-from flower.testing.cli_env import cli_env
-from flower.testing.model_server import ModelServer
+from flower.services.cli_env import cli_env
+from flower.services.model_server import ModelServer
 from flower.testing.rundir import has_tool_result, transcript
 
 REPO = Path(__file__).resolve().parents[1]

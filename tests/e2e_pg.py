@@ -16,8 +16,8 @@ from typing import Any
 
 import psycopg
 
+from flower.services.model_server import ModelServer
 from flower.state.identity import read_identity
-from flower.testing.model_server import ModelServer
 from tests.e2e import Flower
 
 #: backends a drill runs against: ``local`` (files under the run_dir), ``postgres``

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flower.i18n import t
-from flower.testing.cli_env import cli_env
+from flower.services.cli_env import cli_env
 
 REPO = Path(__file__).resolve().parents[1]
 

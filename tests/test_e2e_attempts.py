@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from flower import Runtime, Workbench, read_manifest
+from flower.services.model_server import ModelServer, RecordedRequest
 from flower.step.resilience import Resilience
-from flower.testing.model_server import ModelServer, RecordedRequest
 from tests.e2e import Flower, attempt_child, cli_under, wait_until
 from tests.flows import inside
 

@@ -151,7 +151,7 @@ def test_an_unreachable_endpoint_is_one_line_and_it_waits(tmp_path):
 def test_in_process_workflow_continues_the_same_session(model_server, tmp_path, monkeypatch):
     """Seed 000's minimal example: run twice in one directory, _woke 1 then 2, same session."""
     from flower import AgentSpec, Runtime, Step, Workflow
-    from flower.testing.cli_env import cli_env
+    from flower.services.cli_env import cli_env
 
     server = model_server(
         {

@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 import pytest
 
-from flower.testing.model_server import ModelServer
+from flower.services.model_server import ModelServer
 from tests.e2e import Flower, kill, tagged, wait_until
 
 # Every test runs a three-step flow (or a map of 8) through Temporal with 2-3 worker
@@ -759,7 +759,7 @@ def test_no_api_key_reaches_any_temporal_payload_or_history(
 
     from temporalio.client import Client
 
-    from flower.testing.temporal import start_temporal
+    from flower.services.temporal import start_temporal
 
     key = f"sk-ant-api03-{secrets.token_hex(16)}"
     server_t = start_temporal(tmp_path / "temporal")
@@ -1082,7 +1082,7 @@ def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to
     server of this test's own is frozen from B's last answer until W1 is killed). Temporal
     hands B to W2: W2 finds the result in B's mailbox and runs nothing (it used to continue
     B's finished session: one more request, and B's work again beside C's)."""
-    from flower.testing.temporal import temporal_server
+    from flower.services.temporal import temporal_server
 
     ended = f"SELECT count(*) FROM flower.events WHERE run LIKE %s AND {RESULT_FRAME}"
     with temporal_server(tmp_path / "temporal") as temporal:

@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 import pytest
 
+from flower.services.model_server import ModelServer
 from flower.testing import starter_script
-from flower.testing.model_server import ModelServer
 from flower.testing.pytest_postgres import pg_dsn, pg_server  # noqa: F401 - fixtures
 from flower.testing.pytest_temporal import temporal_queue, temporal_target  # noqa: F401
 from tests.e2e import TAG, Flower, Pty, wait_until

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flower.testing.model_server import ModelServer
+from flower.services.model_server import ModelServer
 from tests import e2e
 from tests.e2e import Flower
 from tests.test_e2e_starter import (

@@ -25,10 +25,10 @@ import pytest
 
 from flower.agents.agent import AgentSpec
 from flower.docs.handoff import HANDOFF_PROMPT, Handoff, degraded
+from flower.services.cli_env import cli_env
+from flower.services.model_server import ModelServer, RecordedRequest
 from flower.step.runtime import Runtime
 from flower.step.window import HandoffPolicy
-from flower.testing.cli_env import cli_env
-from flower.testing.model_server import ModelServer, RecordedRequest
 from tests.e2e import Flower
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flower.testing.model_server import ModelServer
+from flower.services.model_server import ModelServer
 from tests.e2e import Flower
 
 # Six short runs of a four-step flow (each step one CLI turn when it runs).

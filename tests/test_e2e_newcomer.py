@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from flower.testing.model_server import ModelServer
+from flower.services.model_server import ModelServer
 from supervisor.run.start import HEARTBEAT_S
 from tests import e2e
 from tests.e2e import REPO, Flower, wait_until

@@ -23,8 +23,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from flower.testing.model_server import ModelServer
-from flower.testing.postgres import PgServer, postgres_server
+from flower.services.model_server import ModelServer
+from flower.services.postgres import PgServer, postgres_server
 from flower.testing.pytest_postgres import database_url
 from tests.e2e import wait_until
 from tests.e2e_pg import PgFlower

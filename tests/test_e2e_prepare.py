@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from flower.testing.model_server import ModelServer
+from flower.services.model_server import ModelServer
 from tests.e2e import Flower, cli_under, kill, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]  # one flower run of two or three turns

@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from flower.services.cli_env import cli_env
+from flower.services.model_server import ModelServer
 from flower.testing import starter_script
-from flower.testing.cli_env import cli_env
-from flower.testing.model_server import ModelServer
 from tests.e2e import REPO
 
 # Each test starts a whole cluster (Temporal ~0.5 s, PostgreSQL ~0.7 s, two workers that

@@ -19,10 +19,10 @@ import psutil
 import pytest
 from claude_agent_sdk import project_key_for_directory
 
+from flower.services.model_server import ModelServer, RecordedRequest
 from flower.state.sqlite import SqliteSessionStore
 from flower.step.resilience import TRANSIENT, classify
 from flower.step.runtime import Runtime
-from flower.testing.model_server import ModelServer, RecordedRequest
 from tests.e2e import Flower, cli_under, wait_until
 
 pytestmark = pytest.mark.e2e

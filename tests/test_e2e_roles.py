@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flower.testing.model_server import ModelServer, RecordedRequest
+from flower.services.model_server import ModelServer, RecordedRequest
 from tests.e2e import Flower
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # one flower run of a few CLI turns
@@ -259,7 +259,7 @@ def test_the_same_walls_hold_in_process(model_server, tmp_path, monkeypatch):
     import asyncio
 
     from flower import Runtime, judge
-    from flower.testing.cli_env import cli_env
+    from flower.services.cli_env import cli_env
 
     server = model_server(
         {

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from flower.people.human import TIMEOUT
-from flower.testing.model_server import ModelServer, RecordedRequest
+from flower.services.model_server import ModelServer, RecordedRequest
 from flower.workflow.goal import CLARIFY_RESUME
 from tests.e2e import Flower, wait_until
 

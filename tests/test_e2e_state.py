@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from flower.testing.model_server import ModelServer
+from flower.services.model_server import ModelServer
 from tests.e2e import Flower, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -15,8 +15,8 @@ import asyncio
 import pytest
 
 from flower import AgentSpec, HumanChannel, Runtime, StepResult, clarify, judge, oracle
+from flower.services.model_server import ModelServer, RecordedRequest
 from flower.testing import pytest_plugin
-from flower.testing.model_server import ModelServer, RecordedRequest
 from tests.e2e import Flower
 from tests.test_e2e_starter import (
     BRIEF,

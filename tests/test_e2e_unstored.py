@@ -250,7 +250,7 @@ def test_a_cli_failure_before_any_request_is_local_one_attempt_and_no_retry(
 
 
 def bundled_cli_version() -> str:
-    from flower.testing.cli_env import claude_path
+    from flower.services.cli_env import claude_path
 
     return (claude_path().parent / "claude.version").read_text().split()[0]
 

@@ -32,11 +32,32 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+DYNAMIC = ("import_module", "__import__")
+
+
+def _dynamic(node: ast.AST) -> ast.Call | None:
+    """``importlib.import_module(…)`` or ``__import__(…)``: an import the statements miss."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return node if called in DYNAMIC else None
+
+
 def _imports(name: str, path: Path) -> Iterator[str]:
-    """Our modules that ``name`` imports, anywhere in its source."""
+    """Our modules that ``name`` imports, anywhere in its source (a dynamic import of a
+    constant name too: ``importlib.import_module("flower")`` is an arrow like any other)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
+        call = _dynamic(node)
+        if call is not None and call.args and isinstance(call.args[0], ast.Constant):
+            target = str(call.args[0].value)
+            if target.startswith("."):
+                anchor = package.split(".")
+                dots = len(target) - len(target.lstrip("."))
+                target = ".".join([*anchor[: len(anchor) - dots + 1], target.lstrip(".")])
+            yield from _ours(target.rstrip("."))
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield from _ours(alias.name)
         elif isinstance(node, ast.ImportFrom):
@@ -142,6 +163,9 @@ ALLOWED = {
     # the cache's stores are the state's too; flower.cache imports nothing above util
     "flower.state": {"flower.cache", "flower.util", "flower.i18n", "flower._errors"},
     "flower.agents": {"flower.util", "flower.i18n", "flower._errors"},
+    # the servers flower starts for a person (cluster up, the demo): product code, below
+    # the test kit that uses them
+    "flower.services": {"flower.util", "flower.i18n", "flower._errors"},
     "flower.people": {
         "flower.agents",
         "flower.state",
@@ -208,3 +232,89 @@ def test_supervisor_uses_only_the_child_entry_point_of_stepproc() -> None:
 
 def test_stepproc_never_imports_the_supervisor() -> None:
     assert _edges("stepproc", "supervisor") == []
+
+
+# Dynamic imports whose name is computed: each one's names are checked where they come from.
+# flower's and flower.state.postgres's lazy names are relative to the package itself (the
+# arrow test sees their targets through the TYPE_CHECKING imports beside them); the flow
+# loader imports a person's flow (``--flow package.module:attr``), never a module of ours.
+# flower.testing's lazy names are flower.services'; the forked placement preloads modules of
+# anyio by name (ATTEMPT_MODULES), never ours.
+COMPUTED = {
+    "flower",
+    "flower.state.postgres",
+    "flower.testing",
+    "supervisor.run.flows",
+    "supervisor.run.placement",
+}
+
+
+def test_no_dynamic_import_escapes_the_arrows() -> None:
+    """A dynamic import of a computed name is allowed only where it is reviewed (COMPUTED);
+    one of a constant name counts in GRAPH like any import statement."""
+    found = set()
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            call = _dynamic(node)
+            if call is not None and not (call.args and isinstance(call.args[0], ast.Constant)):
+                found.add(name)
+    assert found <= COMPUTED, sorted(found - COMPUTED)
+
+
+def test_a_dynamic_import_of_a_package_above_is_an_arrow_the_test_sees() -> None:
+    source = 'import importlib\nimportlib.import_module("supervisor.run.start")\n'
+    fake = REPO / "flower" / "util" / "_fake_for_the_layer_test.py"
+    MODULES["flower.util._fake_for_the_layer_test"] = fake
+    try:
+        fake.write_text(source, encoding="utf-8")
+        seen = set(_imports("flower.util._fake_for_the_layer_test", fake))
+    finally:
+        fake.unlink()
+        del MODULES["flower.util._fake_for_the_layer_test"]
+    assert seen == {"supervisor.run.start"}
+
+
+# supervisor's rooms and which others each may import (its __init__ says so too).
+ROOMS = {
+    "supervisor.commands": {
+        "supervisor.inspect",
+        "supervisor.terminal",
+        "supervisor.run",
+        "supervisor.cluster",
+    },
+    "supervisor.inspect": {"supervisor.terminal"},
+    "supervisor.terminal": set(),
+    "supervisor.run": {"supervisor.terminal"},
+    "supervisor.cluster": {"supervisor.run"},
+}
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_each_room_of_supervisor_imports_only_what_it_may(room: str) -> None:
+    wrong = [
+        e
+        for other in ROOMS
+        if other != room and other not in ROOMS[room]
+        for e in _edges(room, other)
+    ]
+    assert wrong == []
+
+
+def test_supervisor_is_its_rooms_and_nothing_beside_them() -> None:
+    loose = [
+        n
+        for n in MODULES
+        if n.startswith("supervisor.") and n.split(".")[1] not in {r.split(".")[1] for r in ROOMS}
+    ]
+    assert loose == ["supervisor.__main__"]
+
+
+def test_the_product_never_imports_its_test_harness() -> None:
+    """flower.testing (and the tests) may use the product; nothing of the product uses them."""
+    wrong = [
+        e
+        for source in ("flower", "supervisor", "stepproc", "ipc")
+        for e in _edges(source, "flower.testing")
+        if not e.startswith("flower.testing")
+    ]
+    assert wrong == []

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from flower._errors import ConfigError
+from flower.services.model_server import main
 from flower.testing import ModelServer, Script, claude_path, cli_env
-from flower.testing.model_server import main
 from flower.testing.pytest_helpers import (  # the fixtures come by name from conftest
     Reaper,
     make_claude_home,
@@ -536,7 +536,7 @@ def test_tool_result_without_tool_use_is_rejected(model_server):
 
 
 def test_the_documented_example_script_parses():
-    from flower.testing import model_server as module
+    from flower.services import model_server as module
 
     doc = module.__doc__ or ""
     example = doc.split("Script format (a dict, or a JSON file holding one)::", 1)[1]
@@ -625,7 +625,7 @@ def test_cli_entry_point_prints_url_and_stops_on_sigterm(tmp_path, reaper: Reape
         [
             sys.executable,
             "-m",
-            "flower.testing.model_server",
+            "flower.services.model_server",
             "--script",
             str(script),
             "--port",

@@ -23,13 +23,12 @@ from flower import AgentSpec, Event, Resilience, Runtime, StepResult, Workbench,
 from flower.agents.roles import ORACLE_RULES
 from flower.i18n import texts
 from flower.people.credentials import KEY_VARS
+from flower.services.cli_env import cli_env
+from flower.services.model_server import ModelServer, RecordedRequest
 from flower.state.manifest import Manifest
-from flower.step.attempt import preload
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
-from flower.testing.cli_env import cli_env
-from flower.testing.model_server import ModelServer, RecordedRequest
-from supervisor.run.placement import Forked
+from supervisor.run.placement import Forked, preload
 from supervisor.terminal.oracle import (
     ASIDE_DIRNAME,
     EVENT_CHARS,

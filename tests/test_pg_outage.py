@@ -23,6 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flower.services.postgres import PgServer, postgres_server
 from flower.state.postgres import (
     NoSuchDatabase,
     PasswordRefused,
@@ -34,7 +35,6 @@ from flower.state.postgres import (
 )
 from flower.state.postgres.spool import spool_dir
 from flower.state.seam import Superseded
-from flower.testing.postgres import PgServer, postgres_server
 from flower.testing.pytest_postgres import database_url
 
 # initdb + start of this module's own server: ~1 s idle, 5 s measured on a loaded machine.

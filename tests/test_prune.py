@@ -829,7 +829,7 @@ async def _run(prompt: str, **options: Any) -> Any:
 def _options(tmp_path: Path, store: PruningSessionStore, url: str, **kw: Any) -> dict[str, Any]:
     from claude_agent_sdk import HookMatcher
 
-    from flower.testing.cli_env import claude_path, cli_env
+    from flower.services.cli_env import claude_path, cli_env
 
     async def no_rm(data: Any, tool_use_id: Any, context: Any) -> dict[str, Any]:
         if str(data.get("tool_input", {}).get("command", "")).startswith("rm "):
@@ -863,7 +863,7 @@ def test_resume_after_connection_refused_sends_no_api_error(tmp_path: Path) -> N
     proves the pruned transcript still pairs every tool_use with its result."""
     from claude_agent_sdk import project_key_for_directory
 
-    from flower.testing.model_server import ModelServer
+    from flower.services.model_server import ModelServer
 
     (tmp_path / "work").mkdir()
     store = PruningSessionStore(
@@ -918,7 +918,7 @@ def test_resume_after_connection_refused_sends_no_api_error(tmp_path: Path) -> N
 def test_recorded_transcripts_resume_after_pruning(tmp_path: Path, name: str) -> None:
     from claude_agent_sdk import project_key_for_directory
 
-    from flower.testing.model_server import ModelServer
+    from flower.services.model_server import ModelServer
 
     raw = fixture(name)
     sid = next(e["sessionId"] for e in raw if e.get("sessionId"))

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 import flower.testing
 from flower import ConfigError
-from flower.testing import _script, _wire
-from flower.testing._format import SCRIPT_FORMAT
-from flower.testing._script import Script
+from flower.services import _script, _wire
+from flower.services._format import SCRIPT_FORMAT
+from flower.services._script import Script
 from supervisor.commands.cli import main as flower_super
 from tests.e2e import REPO
 
@@ -115,7 +115,7 @@ def test_the_format_lines_fit_an_80_column_help():
 
 
 def test_the_standalone_server_help_prints_it_too(capsys):
-    from flower.testing.model_server import main
+    from flower.services.model_server import main
 
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -123,7 +123,7 @@ def test_the_standalone_server_help_prints_it_too(capsys):
 
 
 def test_help_on_the_package_and_the_server_shows_the_format():
-    from flower.testing import model_server
+    from flower.services import model_server
 
     assert (flower.testing.__doc__ or "").endswith(SCRIPT_FORMAT)
     assert (model_server.__doc__ or "").endswith(SCRIPT_FORMAT)
@@ -140,8 +140,8 @@ def test_the_public_surface_resolves():
 def test_the_help_stays_cheap_to_import():
     code = (
         "import sys, supervisor.commands.cli; "
-        "print(sorted(m for m in ('claude_agent_sdk', 'flower.testing.model_server', "
-        "'flower.testing._script') if m in sys.modules))"
+        "print(sorted(m for m in ('claude_agent_sdk', 'flower.services.model_server', "
+        "'flower.services._script') if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=25

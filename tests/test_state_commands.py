@@ -24,12 +24,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from flower.services.cli_env import cli_env
 from flower.state.backends import SharedState
 from flower.state.postgres.schema import CURRENT
 from flower.state.records import LedgerRow
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, process_started
 from flower.state.result import Event, StepResult
-from flower.testing.cli_env import cli_env
 from supervisor.inspect import show, status
 from supervisor.inspect.runstate import Choice, Seen, choose, lacks_password, without_password
 from tests.e2e import REPO, wait_until

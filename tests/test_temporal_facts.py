@@ -35,7 +35,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityAlreadyStartedError, ApplicationError, CancelledError
 from temporalio.worker import Worker
 
-from flower.testing.temporal import start_temporal
+from flower.services.temporal import start_temporal
 
 # Each test waits on heartbeat timeouts (3 s), takeovers and workers' start-up (an
 # interpreter importing temporalio, ~1 s, several times that on a loaded 2-core machine).
@@ -575,7 +575,7 @@ SHORT_LIVED = """
 import asyncio, sys
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
-from flower.testing.temporal import run_on_own_runtime
+from flower.services.temporal import run_on_own_runtime
 
 async def main(runtime=None):
     options = {"runtime": runtime} if runtime else {}

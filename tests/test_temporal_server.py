@@ -1,4 +1,4 @@
-"""The throwaway Temporal dev server (flower.testing.temporal): its command line for
+"""The throwaway Temporal dev server (flower.services.temporal): its command line for
 scripts/test.sh, loopback only, a taken port retried, one clear error when it cannot start,
 and a stop that leaves nothing behind."""
 
@@ -16,14 +16,14 @@ import pytest
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
-from flower.testing import temporal
-from flower.testing.temporal import TemporalServer, TemporalStartError, start_temporal
+from flower.services import temporal
+from flower.services.temporal import TemporalServer, TemporalStartError, start_temporal
 
 # A start is 0.3-1 s idle; an interpreter importing temporalio for the command line ~1 s;
 # a loaded 2-core machine multiplies both.
 pytestmark = pytest.mark.timeout(120)
 
-COMMAND = [sys.executable, "-m", "flower.testing.temporal"]
+COMMAND = [sys.executable, "-m", "flower.services.temporal"]
 
 
 def answers(target: str) -> bool:
@@ -65,7 +65,7 @@ def test_the_command_line_starts_a_server_on_loopback_only_and_stops_it_leaving_
     target, directory = started.stdout.split()
     server = TemporalServer.load(directory)
     try:
-        print(f"\npython -m flower.testing.temporal start: {took:.2f} s")
+        print(f"\npython -m flower.services.temporal start: {took:.2f} s")
         assert server.target == target and target.startswith("127.0.0.1:")
         assert answers(target)
         listening = [

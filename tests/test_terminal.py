@@ -9,7 +9,7 @@ import os
 import pytest
 
 from flower import Event, HumanChannel, StepResult
-from supervisor.run.placement import DIED
+from flower.step.placement import DIED
 from supervisor.terminal.terminal import Terminal, rule, width
 
 pytestmark = pytest.mark.timeout(30)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ..util.fsutil import set_aside
 
@@ -90,6 +91,28 @@ def has_transcripts(path: str | Path, session_ids: Iterable[str]) -> dict[str, b
     except sqlite3.Error:
         return dict.fromkeys(ids, None)
     return out
+
+
+def read_transcript(run_dir: str | Path, session_id: str) -> list[dict[str, Any]]:
+    """The main transcript of ``session_id`` as ``<run_dir>/sessions.db`` holds it, opened
+    read-only and without the SDK (``show``, the demo); [] when there is none."""
+    db = Path(run_dir) / "sessions.db"
+    if not db.exists():
+        return []
+    import json
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = conn.execute(
+                "SELECT data FROM entries WHERE key LIKE ? ORDER BY seq", (f"%/{session_id}",)
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
+    return [json.loads(r[0]) for r in rows]
 
 
 def _wal_has_frames(path: Path) -> bool:

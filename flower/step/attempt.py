@@ -86,46 +86,6 @@ def crash_of(exc: BaseException) -> AttemptCrash:
     return AttemptCrash(type(exc).__name__, str(exc)[:2000], detail=detail)
 
 
-# What an attempt imports the first time it runs, beyond ``claude_agent_sdk`` itself: the SDK
-# reaches anyio's asyncio backend, subprocess and stream modules only at its first async call.
-# A process that forks attempt runners imports them once (:func:`preload`); measured, a forked
-# step child otherwise spent ~20 ms of CPU per attempt importing them again.
-ATTEMPT_MODULES = (
-    "concurrent.futures.thread",
-    "anyio._backends._asyncio",
-    "anyio._core._resources",
-    "anyio._core._sockets",
-    "anyio._core._streams",
-    "anyio._core._subprocesses",
-    "anyio.abc._eventloop",
-    "anyio.abc._sockets",
-    "anyio.abc._testing",
-    "anyio.streams.stapled",
-    "anyio.streams.tls",
-)
-
-
-def preload() -> list[str]:
-    """Import :data:`ATTEMPT_MODULES` and the SDK; returns those that could not be imported
-    (a newer anyio may have moved one: then a child imports what it needs, a bit slower)."""
-    import importlib
-
-    import claude_agent_sdk  # noqa: F401 - about a second: paid once, not per child
-
-    # flower's own names load lazily: all of them here, once (by name: the package imports
-    # this module, so a plain import of it would be a cycle).
-    package = importlib.import_module("flower")
-    for public in package.__all__:
-        getattr(package, public)
-    missing = []
-    for name in ATTEMPT_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    return missing
-
-
 def options_for(call: StepCall, seat: Seat) -> Any:
     """The SDK options one attempt of ``call`` starts its CLI with: the spec compiled, with
     the hook layer installed from it (:func:`attempt_hooks`), the workbench's index in the

@@ -30,6 +30,9 @@ class StepCall:
     ``fresh``: what a fresh session of this step is told when the session ``resume`` names
     cannot be resumed (the CLI has no conversation for it); None: ``prompt`` itself. It
     never crosses a pipe: the step loop, which starts the fresh session, reads it.
+    ``attach``: the id of an attempt of this step that a killed supervisor left running on a
+    cluster (the first attempt attaches to it instead of starting another; see
+    :attr:`flower.step.placement.Watch.on_placed`).
     """
 
     spec: AgentSpec
@@ -42,6 +45,7 @@ class StepCall:
     stop_at: int | None = None
     headroom: int | None = None
     fresh: str | None = None
+    attach: str | None = None
 
     @property
     def step(self) -> str:

@@ -107,6 +107,8 @@ class StepHooks:
     on_attempt: Callable[[int], None]
     #: A session the CLI refused to resume: whoever named it (lineage) forgets it.
     on_gone: Callable[[str], None] = lambda sid: None
+    #: Where the attempt is on record (:attr:`flower.step.placement.Watch.on_placed`).
+    on_placed: Callable[[dict[str, Any] | None], None] = lambda where: None
 
 
 class StepLoop:
@@ -189,6 +191,8 @@ class StepLoop:
                     prompt=f"{self.next.prompt}\n\n{await self._words()}"
                 )
             out = await self._attempt(self.next, self._watch())
+            if self.next.attach:  # attached to what a killed supervisor left: once
+                self.next = self.next.attempting(attach=None)
             self._merge(out)
             self.seen = out.session_id or self.seen
             if out.ok:
@@ -262,6 +266,7 @@ class StepLoop:
             on_session=self._session_seen,
             on_event=_ignore if quiet else self._on_attempt_event,
             on_handle=self.interrupts.attach,
+            on_placed=self.hooks.on_placed,
         )
 
     def _session_seen(self, sid: str) -> None:

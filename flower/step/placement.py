@@ -54,6 +54,10 @@ from ..state.result import Event, StepResult
 from ..util.fsutil import file_name, open_private, private_dir
 from .call import StepCall
 
+#: What the error of an attempt whose runner died before it sent a result says (a forked
+#: child, a worker's child): "step child 4711 died without a result (killed by SIGKILL)".
+DIED = "died without a result"
+
 
 class Interruptible(Protocol):
     """Whatever an interrupt reaches right now: a CLI client, a step child, a wait."""
@@ -61,13 +65,25 @@ class Interruptible(Protocol):
     async def interrupt(self) -> None: ...
 
 
+def _nowhere(where: dict[str, Any] | None) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Watch:
-    """What an attempt reports upward while it runs (see the module docstring, point 2)."""
+    """What an attempt reports upward while it runs (see the module docstring, point 2).
+
+    ``on_placed(where)``: a placement whose attempts outlive this process (a cluster's)
+    puts the attempt on record the moment it exists (``{"id": …}``, then where it runs:
+    ``host``, ``pid``, ``worker``, ``try``), so a supervisor killed meanwhile is followed by
+    one that attaches to it (:attr:`StepCall.attach`); ``None`` takes it off the record (it
+    raised, or was told to stop). An attempt that returned stays on record until its step's
+    manifest row is written (the Runtime takes it off then)."""
 
     on_session: Callable[[str], None]
     on_event: Callable[[Event], None]
     on_handle: Callable[[Interruptible | None], None]
+    on_placed: Callable[[dict[str, Any] | None], None] = _nowhere
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,7 @@ class Seat:
     workbench: Any = None
     spill_threshold: int | None = None
     no_auto_compact: bool = False
+    run: str = ""  # the Runtime's run id (what a cluster's attempt ids are made of)
 
     def log_for(self, label: str) -> Path:
         """The step's log file (child stdio, crash tracebacks), its directory created 0700."""

@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,9 @@ class Runtime:
         self.on_result: Callable[[StepResult], None] | None = None
         self.record: FlowerRecord | None = None
         # Attempts on a cluster a killed supervisor of this flow left (label -> its ``placed``
-        # entry): the new record starts with them, so a start killed before attaching to one
-        # still leaves it on record for the next.
+        # entry, found by begin_flow): the new record starts with them, so a start killed
+        # before attaching to one still leaves it on record for the next; the first attempt
+        # of that label attaches to it (StepCall.attach).
         self.left_placed: dict[str, dict[str, Any]] = {}
         self.interrupts = Interrupts()
         self.windows: dict[str, Window] = {}  # the CLI's real windows, learned per model
@@ -142,6 +144,7 @@ class Runtime:
             workbench=self.workbench,
             spill_threshold=self.spill_threshold or None,
             no_auto_compact=self.handoff.enabled,
+            run=self.run_id,
         )
 
     def use_workbench(self, workbench: Any) -> Any:
@@ -230,6 +233,7 @@ class Runtime:
     # -- the flower's registry record -------------------------------------------------
 
     def begin_flow(self, flow: str, steps: list[str], *, command: list[str] | None = None) -> None:
+        self.left_placed = self._left_running(flow)
         self.record = FlowerRecord(
             run=self.run_id,
             flow=flow,
@@ -245,6 +249,31 @@ class Runtime:
             placed={k: dict(v) for k, v in self.left_placed.items()},
         )
         self.note()
+
+    def _left_running(self, flow: str) -> dict[str, dict[str, Any]]:
+        """Attempts the last run of ``flow`` here left on a cluster: its supervisor is gone
+        (killed), the attempt was dispatched and its step's row never written (label -> its
+        ``placed`` entry). Nothing for a placement that keeps no attempt elsewhere."""
+        try:
+            records = self.state.registry.records()
+        except Exception:
+            log.debug("registry unreadable", exc_info=True)
+            return {}
+        mine = [r for r in records if r.flow == flow and r.run != self.run_id]
+        if not mine or mine[-1].alive or mine[-1].state not in ("running", "interrupted"):
+            return {}
+        return {label: dict(p) for label, p in mine[-1].placed.items() if p.get("id")}
+
+    def _placed(self, label: str, where: dict[str, Any] | None) -> None:
+        """An attempt of ``label`` is on record elsewhere (``where``), or off it (None)."""
+        record = self.record
+        if record is None:
+            return
+        now = {k: v for k, v in record.placed.items() if k != label}
+        if where is not None:
+            now[label] = dict(where)
+        if now != record.placed:
+            self.note(placed=now)
 
     def end_flow(self, *, discard: bool = False) -> None:
         """Forget this flower's record (a start that was refused leaves no trace)."""
@@ -297,8 +326,17 @@ class Runtime:
         ``on_session_gone`` is told the refused id.
         """
         self._loop = asyncio.get_running_loop()
+        label = step_name or spec.name
+        left = self.left_placed.pop(label, None)
         call = StepCall(
-            spec, prompt, step_name or spec.name, resume, fork, resume_at, fresh=fresh_prompt
+            spec,
+            prompt,
+            label,
+            resume,
+            fork,
+            resume_at,
+            fresh=fresh_prompt,
+            attach=str(left["id"]) if left else None,
         )
         self.note(step=call.label, session_id=call.resume, attempt=1)
         policy = self.resilience
@@ -320,6 +358,7 @@ class Runtime:
                 on_session=session_seen,
                 on_attempt=self._attempt_began,
                 on_gone=on_session_gone or _forget_nothing,
+                on_placed=partial(self._placed, label),
             ),
             on_event=on_event,
             windows=self.windows,
@@ -361,8 +400,8 @@ class Runtime:
             attempts=0,
             context=result.context,
         )
-        if self.record is not None and result.step in self.record.placed:  # nothing to attach to
-            self.note(placed={k: v for k, v in self.record.placed.items() if k != result.step})
+        self.left_placed.pop(result.step, None)
+        self._placed(result.step, None)  # reused: nothing to attach to
         try:
             self.manifest.record(row, {"reused": scope, "saved_usd": round(result.cost_usd, 6)})
         except OSError as exc:
@@ -384,6 +423,9 @@ class Runtime:
                 "%s",
                 t("runtime.manifest_unwritten", path=self.manifest_path, error=exc),
             )
+        # The row is written: the attempt that made it leaves the record (a later start
+        # reuses the row instead of attaching to the attempt).
+        self._placed(result.step, None)
         if self.on_result is not None:
             self.on_result(result)
         return result

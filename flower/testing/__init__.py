@@ -87,7 +87,7 @@ credential headers redacted) for reading after the fact.
 Also here
 ---------
 
-- ``python -m flower.testing.model_server --script FILE [--port N] [--log FILE]``, or
+- ``python -m flower.services.model_server --script FILE [--port N] [--log FILE]``, or
   ``flower-super model-server``: the server standalone; prints its URL, serves until
   SIGTERM/SIGINT.
 - :mod:`flower.testing.rundir`: a run_dir's transcripts as ``sessions.db`` holds them.
@@ -102,13 +102,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # Eager, so the name ``cli_env`` is the function and not its submodule.
-from ._format import SCRIPT_FORMAT
-from .cli_env import DUMMY_API_KEY, claude_path, cli_env
+from ..services._format import SCRIPT_FORMAT
+from ..services.cli_env import DUMMY_API_KEY, claude_path, cli_env
 
 if TYPE_CHECKING:
-    from ._log import RecordedRequest
-    from ._script import Script
-    from .model_server import ModelServer
+    from ..services._log import RecordedRequest
+    from ..services._script import Script
+    from ..services.model_server import ModelServer
     from .starter import starter_script
 
 __doc__ = f"{__doc__}{SCRIPT_FORMAT}"
@@ -127,18 +127,18 @@ __all__ = [
 # Loaded on first use: the server pulls in http.server and threads, the script parser
 # dataclasses and regexes; ``flower-super --help`` imports this package for SCRIPT_FORMAT.
 _HOME = {
-    "ModelServer": "model_server",
-    "RecordedRequest": "_log",
-    "Script": "_script",
-    "starter_script": "starter",
+    "ModelServer": "flower.services.model_server",
+    "RecordedRequest": "flower.services._log",
+    "Script": "flower.services._script",
+    "starter_script": "flower.testing.starter",
 }
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so ``python -m flower.testing.model_server`` does not import itself twice.
+    # Lazy, so ``python -m flower.services.model_server`` does not import itself twice.
     if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    return getattr(importlib.import_module(_HOME[name]), name)
 
 
 def __dir__() -> list[str]:

@@ -23,8 +23,8 @@ from typing import Any
 import psutil
 import pytest
 
-from .cli_env import claude_path, cli_env
-from .model_server import ModelServer
+from ..services.cli_env import claude_path, cli_env
+from ..services.model_server import ModelServer
 
 
 @dataclass

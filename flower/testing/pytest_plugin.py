@@ -14,7 +14,7 @@ Fixtures (each a factory; whatever it started is stopped when the test ends):
   (``kw`` as its constructor; the request log also goes to
   ``tmp_path/model-server-<n>.jsonl``).
 - ``flower_cli_env(server, *, max_retries=0, extra=None)`` — points this test's process at
-  ``server`` (a ModelServer or a base URL): sets :func:`~flower.testing.cli_env`'s
+  ``server`` (a ModelServer or a base URL): sets :func:`~flower.services.cli_env`'s
   variables in ``os.environ`` for the test's duration (HOME and CLAUDE_CONFIG_DIR in
   ``tmp_path/home``, ANTHROPIC_BASE_URL, a dummy key, no other credential), so an
   in-process ``Runtime`` and the CLI it starts reach only the server; returns the
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .cli_env import cli_env
-from .model_server import ModelServer
+from ..services.cli_env import cli_env
+from ..services.model_server import ModelServer
 from .pytest_helpers import claude_home, model_server, reaper
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from ._servers import suite_server
+from ._suite import suite_server
 
 __all__ = ["ENV", "database_url", "pg_dsn", "pg_server"]
 
@@ -40,7 +40,7 @@ def pg_server() -> Iterator[str]:
     """The superuser URL of the suite's PostgreSQL (see the module docstring)."""
 
     def start() -> tuple[str, Callable[[], None]]:
-        from .postgres import start_postgres
+        from ..services.postgres import start_postgres
 
         server = start_postgres(durable=False)
         return server.dsn, server.stop

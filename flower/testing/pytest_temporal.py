@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ._servers import suite_server
+from ._suite import suite_server
 
 __all__ = ["ENV", "temporal_queue", "temporal_target"]
 
@@ -34,7 +34,7 @@ def temporal_target() -> Iterator[str]:
     """The suite's Temporal frontend, ``HOST:PORT`` (see the module docstring)."""
 
     def start() -> tuple[str, Callable[[], None]]:
-        from .temporal import start_temporal
+        from ..services.temporal import start_temporal
 
         server = start_temporal()
         return server.target, server.stop

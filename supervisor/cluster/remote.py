@@ -6,7 +6,7 @@ placement's count of that label's dispatches) and ``REJECT_DUPLICATE``: a superv
 dispatches the same attempt twice. The id is on record (the run's registry, ``placed``) before
 the activity starts, so a restarted supervisor finds every attempt its killed predecessor
 dispatched — running, still waiting in the queue, or ended meanwhile — and attaches to it
-(:attr:`TemporalPlacement.adopted`; starting an id that exists attaches to it). An attempt
+(:attr:`flower.step.call.StepCall.attach`; starting an id that exists attaches to it). An attempt
 the supervisor stops (SIGTERM, SIGHUP) ends for good: its worker fails it as not retryable.
 A ``flower-super worker`` on any machine
 runs it in a forked step child exactly as the supervisor runs one locally
@@ -44,6 +44,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from flower import AttemptCrash, FlowerError
@@ -79,6 +80,14 @@ define(
         "remote.url.hint": (
             "例如 temporal://127.0.0.1:7233/flower;或者不设它,在本机跑",
             "for example temporal://127.0.0.1:7233/flower; or leave it unset to run here",
+        ),
+        "remote.no_recipe": (
+            "这个流程没法放到集群上跑:worker 不知道怎么重建它",
+            "this flow cannot run on a cluster: a worker would not know how to build it",
+        ),
+        "remote.no_recipe.hint": (
+            "用 --flow FILE.py:ATTR 或 package.module:ATTR 给出流程",
+            "name the flow with --flow FILE.py:ATTR or package.module:ATTR",
         ),
         "remote.local_state": (
             "把步骤放到集群上跑,运行状态得在 PostgreSQL 里(现在是本地文件 {where})",
@@ -309,6 +318,67 @@ class Pump:
 
 
 # ---------------------------------------------------------------------------------------
+# choosing it (before anything runs)
+# ---------------------------------------------------------------------------------------
+
+PLACEMENT_ENV = "FLOWER_PLACEMENT"
+
+
+def choose_placement(given: str | None, workspace: Path, state: Any) -> str | None:
+    """Where this start places its attempts: ``--placement`` as given, else
+    ``FLOWER_PLACEMENT`` as a start in ``workspace`` finds it (the environment, then the
+    ``.env`` files of the credentials lookup order); None: forked children here.
+
+    Checked before anything runs: an address that is not ``temporal://HOST:PORT/QUEUE`` and
+    a cluster with the run state in local files are each one line with a hint."""
+    from flower.people.credentials import lookup
+
+    url = (given if given is not None else lookup(PLACEMENT_ENV, workspace) or "").strip()
+    if not url:
+        return None
+    where = Where.parse(url)
+    _shared_state(state)
+    return str(where)
+
+
+def cluster_placement(
+    url: str | None,
+    state: Any,
+    wf: Any,
+    ask: Callable[[Ask], Awaitable[str | None]] | None,
+    *,
+    trim: bool,
+    keep_denials: int = 1,
+) -> TemporalPlacement | None:
+    """The placement a start on a cluster runs its attempts with (None for ``url`` None:
+    forked here), built before the Runtime: a flow no worker could build again is refused
+    here, before anything runs. Questions from its attempts are served on ``wf``'s channel."""
+    if not url:
+        return None
+    from supervisor.run.flows import recipe_of
+
+    recipe = recipe_of(wf)
+    if recipe is None:
+        raise FlowerError(t("remote.no_recipe"), hint=t("remote.no_recipe.hint"))
+    return TemporalPlacement(
+        Where.parse(url),
+        state,
+        recipe,
+        ask=ask,
+        store={"trim": bool(trim), "keep_denials": keep_denials},
+        channel=wf.channel,
+    )
+
+
+def _shared_state(state: Any) -> None:
+    if getattr(state, "kind", "local") == "local":
+        raise FlowerError(
+            t("remote.local_state", where=getattr(state, "where", "")),
+            hint=t("remote.local_state.hint"),
+        )
+
+
+# ---------------------------------------------------------------------------------------
 # the supervisor's placement
 # ---------------------------------------------------------------------------------------
 
@@ -329,17 +399,9 @@ class TemporalPlacement:
 
     where: Where
     state: Any  # the run state (PostgreSQL): the mailboxes are its event rows
-    run_id: str
     flow: dict[str, Any]
     ask: Callable[[Ask], Awaitable[str | None]] | None = None
     store: dict[str, Any] = field(default_factory=dict)  # the Runtime's trim, keep_denials
-    on_placed: Callable[[str, str, dict[str, Any]], None] | None = None
-    #: Called with (label, activity id) before the activity is started: a supervisor killed
-    #: from then on finds the id on record and attaches to it, even while it waits in the
-    #: queue for a worker (the worker's ``placed`` frame comes only once one takes it).
-    on_dispatch: Callable[[str, str], None] | None = None
-    on_ended: Callable[[str], None] | None = None
-    adopted: dict[str, str] = field(default_factory=dict)  # label -> a running activity id
     # The flow's HumanChannel here. A worker builds the flow again, so a question from one
     # of its attempts names the worker's copy of the channel (another process's key, which
     # means nothing here): every such question is served by this one, the channel whose
@@ -350,14 +412,11 @@ class TemporalPlacement:
     _client: Any = None
     _runtime: Any = None
     _pump: Pump | None = None
-    _running: dict[str, tuple[str, Mailbox]] = field(default_factory=dict)  # id -> label, mailbox
+    # id -> what stops it: its mailbox, and its watch (which takes it off the record)
+    _running: dict[str, tuple[Mailbox, Watch]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if getattr(self.state, "kind", "local") == "local":
-            raise FlowerError(
-                t("remote.local_state", where=getattr(self.state, "where", "")),
-                hint=t("remote.local_state.hint"),
-            )
+        _shared_state(self.state)
 
     async def connect(self) -> None:
         """Reach Temporal now: a wrong address is one line before any step, not mid-run."""
@@ -380,10 +439,10 @@ class TemporalPlacement:
             self._pump = Pump(self.state.rows.events)
         return Mailbox(self.state.rows.events, activity_id, self._pump)
 
-    def _next_id(self, call: StepCall) -> str:
+    def _next_id(self, call: StepCall, run: str) -> str:
         n = self._sent.get(call.label, 0) + 1
         self._sent[call.label] = n
-        return f"flower/{self.run_id}/{call.label}/{n}"
+        return f"flower/{run}/{call.label}/{n}"
 
     async def attempt(self, call: StepCall, seat: Seat, watch: Watch) -> StepResult:
         from temporalio.common import ActivityIDConflictPolicy, ActivityIDReusePolicy, RetryPolicy
@@ -391,18 +450,19 @@ class TemporalPlacement:
 
         await self.connect()
         started = time.time()
-        adopted = self.adopted.pop(call.label, None)
-        activity_id = adopted or self._next_id(call)
+        activity_id = call.attach or self._next_id(call, seat.run)
         mailbox = self._mailbox(activity_id)
-        if self.on_dispatch is not None:
-            self.on_dispatch(call.label, activity_id)
+        # On record before it starts: a supervisor killed from then on finds the id and
+        # attaches to it, even while it waits in the queue for a worker (where it runs comes
+        # with the worker's ``placed`` frame, once one takes it).
+        watch.on_placed({"id": activity_id})
         # Started with its deterministic id, or attached to when that id exists already: an
         # attempt a killed supervisor left (running, queued or ended) is never started twice,
         # and one it had put on record but not yet started is started now.
         try:
             order = Order(
                 id=activity_id,
-                run=self.run_id,
+                run=seat.run,
                 flow=self.flow,
                 workspace=str(seat.workspace),
                 workspace_id=self.state.workspace_id,
@@ -424,16 +484,16 @@ class TemporalPlacement:
                     backoff_coefficient=1.0,
                     maximum_interval=timedelta(seconds=2),
                 ),
-                summary=f"{call.label} (run {self.run_id})",
+                summary=f"{call.label} (run {seat.run})",
             )
         except ActivityAlreadyStartedError:
             handle = self._client.get_activity_handle(activity_id)
-        self._running[activity_id] = (call.label, mailbox)
+        self._running[activity_id] = (mailbox, watch)
         watch.on_handle(_Remote(mailbox))
         returned = False
         # Attached to an attempt an earlier supervisor followed: its frames are read again
         # from the first, and a question that supervisor had answered is not asked again.
-        answered = _answered(mailbox) if adopted else set()
+        answered = _answered(mailbox) if call.attach else set()
         try:
             out = await self._follow(call, mailbox, handle, watch, started, answered)
             returned = True
@@ -441,17 +501,11 @@ class TemporalPlacement:
         finally:
             watch.on_handle(None)
             self._running.pop(activity_id, None)
-            # An attempt that returned stays on record until the loop has written its step's
-            # row (:meth:`recorded`): a supervisor killed in between must find it and take
-            # its result again, not continue the step's session as if it had never ended.
-            if not returned and self.on_ended is not None:
-                self.on_ended(call.label)
-
-    def recorded(self, label: str) -> None:
-        """The loop wrote ``label``'s manifest row (``Runtime.on_result``): the attempt that
-        made it leaves the record (a later start reuses the row instead)."""
-        if self.on_ended is not None and label not in {lb for lb, _ in self._running.values()}:
-            self.on_ended(label)
+            # An attempt that returned stays on record until the Runtime has written its
+            # step's row: a supervisor killed in between must find it and take its result
+            # again, not continue the step's session as if it had never ended.
+            if not returned:
+                watch.on_placed(None)
 
     async def _follow(
         self,
@@ -511,8 +565,8 @@ class TemporalPlacement:
             watch.on_session(item.session_id)
         elif isinstance(item, EventMsg):
             ev = event_of(item)
-            if ev.kind == "placed" and self.on_placed is not None:
-                self.on_placed(call.label, mailbox.id, dict(ev.payload))
+            if ev.kind == "placed":
+                watch.on_placed({"id": mailbox.id, **ev.payload})
             watch.on_event(ev)
         elif isinstance(item, Ask):
             if item.channel and self.channel is not None:
@@ -538,12 +592,11 @@ class TemporalPlacement:
     def stop_now(self) -> None:
         """SIGTERM/SIGHUP, Ctrl-C twice: every running attempt is told to stop (its worker
         ends its process tree); synchronous, so a signal handler can."""
-        for label, mailbox in list(self._running.values()):
+        for mailbox, watch in list(self._running.values()):
             mailbox.send(down(mailbox.id), Shutdown(reason="the supervisor stopped"))
             # Off the record: the next start of this flow must not attach to an attempt
             # that was told to stop (it would show it failing, then dispatch again).
-            if self.on_ended is not None:
-                self.on_ended(label)
+            watch.on_placed(None)
         self._running.clear()
 
 

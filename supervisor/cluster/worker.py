@@ -514,10 +514,10 @@ def run_worker(cfg: WorkerConfig) -> int:
     """Serve attempts until SIGTERM/SIGINT (the first finishes what runs, the second hands
     it back). Returns the exit status."""
     from flower.people.credentials import load_dotenv
+    from flower.services.temporal import run_on_own_runtime
     from flower.state.backends import open_state
-    from flower.step.attempt import preload
     from flower.step.proctree import PROCS
-    from flower.testing.temporal import run_on_own_runtime
+    from supervisor.run.placement import preload
 
     load_dotenv()
     # Temporal logs a cancelled or refused attempt with its traceback; the worker says one

@@ -304,13 +304,13 @@ define(
             "在本机回环上按脚本提供 Anthropic Messages API(给测试和演示用)。\n\n"
             "开始监听后打印它的 URL,一直服务到 SIGTERM 或 Ctrl-C。让 CLI 连它:"
             "ANTHROPIC_BASE_URL=<url>、随便一个 ANTHROPIC_API_KEY、新的 HOME 和 CLAUDE_CONFIG_DIR,"
-            "以及 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1(flower.testing.cli_env 全都配好)。"
+            "以及 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1(flower.services.cli_env 全都配好)。"
             "脚本格式的说明是英文的。",
             "Serve the Anthropic Messages API on loopback from a script (for tests and demos)."
             "\n\nPrints its URL once listening and serves until SIGTERM or Ctrl-C. Point the CLI "
             "at it with ANTHROPIC_BASE_URL=<url>, any ANTHROPIC_API_KEY, a fresh HOME and "
             "CLAUDE_CONFIG_DIR and CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 "
-            "(flower.testing.cli_env builds it all).",
+            "(flower.services.cli_env builds it all).",
         ),
         "super.help.keep": (
             "留下临时工作区,并打印它在哪",
@@ -378,7 +378,7 @@ placement_option = click.option(
     default=None,
     metavar="temporal://HOST:PORT/QUEUE",
     help=t("state.help.placement"),
-)  # see supervisor.run.start.choose_placement
+)  # see supervisor.cluster.remote.choose_placement
 
 
 workspace_option = click.option(
@@ -475,8 +475,9 @@ def start(
     placement: str | None,
 ) -> None:
     """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
+    from supervisor.cluster.remote import choose_placement, cluster_placement
     from supervisor.run.flows import load_flow, starter
-    from supervisor.run.start import StartArgs, choose_placement, run_start
+    from supervisor.run.start import StartArgs, run_start
     from supervisor.terminal.terminal import Terminal
 
     ws = (workspace or Path.cwd()).expanduser()
@@ -505,6 +506,7 @@ def start(
                 goal=not no_goal,
                 state=opened,
             )
+        term = Terminal()
         args = StartArgs(
             ask=ask,
             workspace=ws.resolve(),
@@ -520,9 +522,9 @@ def start(
             ),
             archive=bool(flow_ref),
             state=opened,
-            placement=remote,
+            placement=cluster_placement(remote, opened, wf, term.ask, trim=not no_trim),
         )
-        code = run_start(wf, args, Terminal())
+        code = run_start(wf, args, term)
     except FlowerError as exc:
         _fail(exc)
     sys.exit(code)
@@ -681,7 +683,7 @@ class _ScriptFormatHelp(click.Command):
     so Click prints it as written; read only when the help is shown (not by every command)."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from flower.testing._format import SCRIPT_FORMAT
+        from flower.services._format import SCRIPT_FORMAT
 
         self.epilog = "\n\n".join("\b\n" + part for part in SCRIPT_FORMAT.split("\n\n"))
         super().format_epilog(ctx, formatter)
@@ -707,7 +709,7 @@ class _ScriptFormatHelp(click.Command):
 )
 def model_server(script_path: str, port: int, log_path: str | None) -> None:
     """``flower-super model-server``."""
-    from flower.testing.model_server import main as serve
+    from flower.services.model_server import main as serve
 
     argv = ["--script", script_path, "--port", str(port)]
     if log_path:

@@ -127,8 +127,8 @@ def demo_script(ws: Path) -> dict[str, Any]:
 
 
 def run_demo(*, keep: bool = False) -> int:
-    from flower.testing.cli_env import cli_env
-    from flower.testing.model_server import ModelServer
+    from flower.services.cli_env import cli_env
+    from flower.services.model_server import ModelServer
 
     root = Path(tempfile.mkdtemp(prefix="flower-demo-"))
     ws, runs = root / "workspace", root / "runs"
@@ -242,7 +242,7 @@ def _wait_persisted(runs: Path, step: str, timeout: float = 10.0) -> None:
     tens of ms after sending the next request; the demo means to kill after that)."""
     import json
 
-    from flower.testing.rundir import has_tool_result
+    from flower.state.dbfile import read_transcript
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -250,7 +250,7 @@ def _wait_persisted(runs: Path, step: str, timeout: float = 10.0) -> None:
             sid = json.loads((runs / "lineage.json").read_text())["steps"].get(step)
         except (OSError, ValueError, KeyError):
             sid = None
-        if sid and has_tool_result(runs, sid):
+        if sid and any('"tool_result"' in json.dumps(e) for e in read_transcript(runs, sid)):
             return
         time.sleep(0.02)
 

@@ -506,9 +506,9 @@ def _state(args: argparse.Namespace, workspace: Path, run_dir: Path) -> tuple[Ch
 
 
 def _placement(args: argparse.Namespace, workspace: Path, opened: Any) -> str | None:
-    """Where the run's attempts go (:func:`supervisor.run.start.choose_placement`): None for
+    """Where the run's attempts go (:func:`supervisor.cluster.remote.choose_placement`): None for
     forked children here; checked before anything runs."""
-    from supervisor.run.start import choose_placement
+    from supervisor.cluster.remote import choose_placement
 
     return choose_placement(getattr(args, "placement", None), workspace, opened)
 
@@ -596,6 +596,7 @@ def _read_ask(waking: bool) -> str:
 
 def _go(args: argparse.Namespace) -> int:
     from flower.workflow.starter import NO_ASK, NOT_GIT, in_git, wake_state
+    from supervisor.cluster.remote import cluster_placement
     from supervisor.run.flows import starter
     from supervisor.run.start import StartArgs, run_start
     from supervisor.terminal.terminal import Terminal
@@ -652,6 +653,7 @@ def _go(args: argparse.Namespace) -> int:
         if isinstance(exc, ConfigError) and exc.message == NOT_GIT.format(ws=ws):
             raise Stop(t("cli.not_git", ws=ws)) from None
         raise
+    term = Terminal(verbose=args.verbose)
     start = StartArgs(
         ask=ask,
         workspace=ws,
@@ -662,9 +664,9 @@ def _go(args: argparse.Namespace) -> int:
         archive=False,
         handoff=_handoff(args),
         state=opened,
-        placement=remote,
+        placement=cluster_placement(remote, opened, wf, term.ask, trim=not args.no_trim),
     )
-    return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
+    return _after_stop(run_start(wf, start, term), term)
 
 
 def _after_stop(code: int, term: Any) -> int:
@@ -711,6 +713,7 @@ def _go_command(args: argparse.Namespace, ws: Path, run_dir: Path) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from supervisor.cluster.remote import cluster_placement
     from supervisor.run.flows import load_flow
     from supervisor.run.start import StartArgs, run_start
     from supervisor.terminal.terminal import Terminal
@@ -735,6 +738,7 @@ def _run(args: argparse.Namespace) -> int:
     workbench: Any = wf.workbench
     if workbench is None:
         workbench = bool(args.workbench)
+    term = Terminal(verbose=args.verbose)
     start = StartArgs(
         ask="",
         workspace=ws,
@@ -757,9 +761,9 @@ def _run(args: argparse.Namespace) -> int:
         archive=False,
         workbench=workbench,
         state=opened,
-        placement=remote,
+        placement=cluster_placement(remote, opened, wf, term.ask, trim=bool(args.trim)),
     )
-    return _after_stop(run_start(wf, start, term := Terminal(verbose=args.verbose)), term)
+    return _after_stop(run_start(wf, start, term), term)
 
 
 def _once(args: argparse.Namespace) -> int:
@@ -767,8 +771,7 @@ def _once(args: argparse.Namespace) -> int:
     import time
 
     from flower import AgentSpec, Runtime
-    from supervisor.commands.setup import unreachable
-    from supervisor.terminal.terminal import Terminal, clock
+    from supervisor.terminal.terminal import Terminal, clock, unreachable
 
     ws = _workspace(args)
     run_dir = _run_dir(args)

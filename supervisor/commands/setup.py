@@ -152,20 +152,6 @@ define(
             "where it stopped.",
         ),
         "setup.describe": ("- 在用的凭证配置:", "- Credentials in effect:"),
-        "setup.offline": (
-            "! 连不上 {host}:{port}({base});要用模型的步骤会等它恢复,每 {every} 秒探一次,"
-            "最多等 {minutes} 分钟(Ctrl-C 停)",
-            "! cannot reach {host}:{port} ({base}); a step that needs the model waits for it, "
-            "probing every {every} s for up to {minutes} min (Ctrl-C to stop)",
-        ),
-        "setup.offline.gave_up": (
-            "{host}:{port} {minutes} 分钟都没应答",
-            "{host}:{port} did not answer for {minutes} min",
-        ),
-        "setup.offline.hint": (
-            "查一下网络;用网关的话查 ANTHROPIC_BASE_URL",
-            "check the network, or ANTHROPIC_BASE_URL if you use a gateway",
-        ),
     }
 )
 
@@ -412,29 +398,6 @@ def _one_line(text: str, secrets: list[str], limit: int = 160) -> str:
         text = text.replace(secret, mask(secret))
     flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return flat[:limit]
-
-
-def unreachable(resilience: Any, say: Say) -> str:
-    """Say so in one line when the endpoint the CLI will talk to cannot be reached now (DNS
-    and one TCP handshake, synchronously: no thread is left behind for a fork), and return
-    the gave-up line for a caller that waits; "" when it is reachable (or resilience is off).
-    Nothing waits here: a run starts anyway, and a step that needs the model waits for the
-    network in its own loop (a run whose steps need none finishes without it)."""
-    if not resilience.enabled or resilience.reachable():
-        return ""
-    host, port = resilience.endpoint()
-    minutes = f"{resilience.max_offline_wait / 60:g}"
-    say(
-        t(
-            "setup.offline",
-            host=host,
-            port=port,
-            base=os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
-            every=f"{resilience.probe_interval:g}",
-            minutes=minutes,
-        )
-    )
-    return t("setup.offline.gave_up", host=host, port=port, minutes=minutes)
 
 
 # -- the two gates and `flower setup` ------------------------------------------------------

@@ -280,14 +280,13 @@ def conversation(state: Any, session_id: str) -> list[dict[str, Any]]:
         calls = {row.tool_use_id: row for row in state.ledger.in_session(session_id, 0.0)}
         ledger = {tid: _ledger_row(r.state, r.content, r.is_error) for tid, r in calls.items()}
         return _paired(_turns(entries), ledger)
-    from flower.state.dbfile import damage
-    from flower.testing.rundir import transcript
+    from flower.state.dbfile import damage, read_transcript
 
     db = state.run_dir / SESSIONS_DB
     why = damage(db)
     if why:
         raise FlowerError(t("show.damaged", db=db, why=why), hint=t("show.damaged.hint"))
-    turns = _turns(transcript(state.run_dir, session_id))
+    turns = _turns(read_transcript(state.run_dir, session_id))
     return _paired(turns, _ledger(db, session_id))
 
 

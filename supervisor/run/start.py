@@ -20,26 +20,22 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower import FlowerError, Runtime, Workbench
+from flower import Runtime, Workbench
 from flower.i18n import define, t
 from flower.state.registry import INTERRUPTED, KILLED
-from flower.state.result import StepResult
 from flower.state.reuse import report_lines
-from flower.step.attempt import preload
 from flower.step.proctree import PROCS
 from flower.workflow import Workflow
 from flower.workflow.goal import why_rejected
 from flower.workflow.starter import archive
-from supervisor.commands.setup import unreachable
 from supervisor.run.flows import refuse_new_while_live
-from supervisor.run.placement import Forked
+from supervisor.run.placement import Forked, preload
 from supervisor.terminal.oracle import Oracle
-from supervisor.terminal.terminal import Terminal, show_warnings
+from supervisor.terminal.terminal import Terminal, show_warnings, unreachable
 
 define(
     {
@@ -87,14 +83,6 @@ define(
             "  要说什么?(直接回车 = 什么都不说,接着跑;再按一次 Ctrl+C = 退出)",
             "  Anything to say? (Enter = nothing, carry on; Ctrl+C again = exit)",
         ),
-        "start.no_recipe": (
-            "这个流程没法放到集群上跑:worker 不知道怎么重建它",
-            "this flow cannot run on a cluster: a worker would not know how to build it",
-        ),
-        "start.no_recipe.hint": (
-            "用 --flow FILE.py:ATTR 或 package.module:ATTR 给出流程",
-            "name the flow with --flow FILE.py:ATTR or package.module:ATTR",
-        ),
         "start.exited": (
             "-- 已退出。血缘在盘上:在同一个目录再跑一次就接着上次。",
             "-- exited. The lineage is on disk: run it again in the same directory to carry on.",
@@ -121,9 +109,10 @@ class StartArgs:
     # Runtime(state=...): the run state the command chose and opened (supervisor.inspect.runstate);
     # None = FLOWER_STATE as the Runtime finds it, else the run_dir's files
     state: Any = None
-    # Where attempts run: None = forked here; "temporal://H:P/QUEUE" (the CLIs resolve
-    # --placement and FLOWER_PLACEMENT with choose_placement)
-    placement: str | None = None
+    # Where attempts run, chosen and built before anything starts: None = forked here (one
+    # child per attempt); a cluster's placement (the CLIs build it with
+    # supervisor.cluster.remote.cluster_placement from --placement / FLOWER_PLACEMENT)
+    placement: Any = None
 
 
 def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
@@ -139,12 +128,9 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         # keeps its documents too).
         workbench=_workbench(wf, args),
         handoff=args.handoff,
-        placement=Forked(ask=term.ask),
+        placement=args.placement or Forked(ask=term.ask),
         state=args.state,
     )
-    remote = args.placement
-    if remote:
-        rt.placement = _on_cluster(remote, rt, wf, term)
     term.channel = wf.channel
     if args.new and args.archive:
         refuse_new_while_live(rt.state)
@@ -153,82 +139,6 @@ def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
         return asyncio.run(_main(wf, rt, args, term))
     finally:
         rt.close()
-
-
-PLACEMENT_ENV = "FLOWER_PLACEMENT"
-
-
-def choose_placement(given: str | None, workspace: Path, state: Any) -> str | None:
-    """Where this start places its attempts: ``--placement`` as given, else
-    ``FLOWER_PLACEMENT`` as a start in ``workspace`` finds it (the environment, then the
-    ``.env`` files of the credentials lookup order); None: forked children here.
-
-    Checked before anything runs: an address that is not ``temporal://HOST:PORT/QUEUE`` and
-    a cluster with the run state in local files are each one line with a hint."""
-    from flower.people.credentials import lookup
-    from supervisor.cluster.remote import Where
-
-    url = (given if given is not None else lookup(PLACEMENT_ENV, workspace) or "").strip()
-    if not url:
-        return None
-    where = Where.parse(url)
-    if getattr(state, "kind", "local") == "local":
-        raise FlowerError(
-            t("remote.local_state", where=getattr(state, "where", "")),
-            hint=t("remote.local_state.hint"),
-        )
-    return str(where)
-
-
-def _on_cluster(url: str, rt: Runtime, wf: Workflow, term: Terminal) -> Any:
-    """The Temporal placement (supervisor.cluster.remote): attempts on workers; an attempt a dead
-    supervisor of this flow left running is attached to, never dispatched again."""
-    from supervisor.cluster.remote import TemporalPlacement, Where
-    from supervisor.run.flows import recipe_of
-
-    recipe = recipe_of(wf)
-    if recipe is None:
-        raise FlowerError(t("start.no_recipe"), hint=t("start.no_recipe.hint"))
-    placement = TemporalPlacement(
-        Where.parse(url),
-        rt.state,
-        rt.run_id,
-        recipe,
-        ask=term.ask,
-        store={"trim": bool(rt.trim), "keep_denials": rt.keep_denials},
-    )
-
-    def placed(label: str, activity_id: str, where: dict[str, Any]) -> None:
-        record = rt.record
-        now = dict(record.placed) if record is not None else {}
-        now[label] = {"id": activity_id, **where}
-        rt.note(placed=now)
-
-    def ended(label: str) -> None:
-        record = rt.record
-        if record is not None and label in record.placed:
-            rt.note(placed={k: v for k, v in record.placed.items() if k != label})
-
-    placement.channel = wf.channel
-
-    def dispatched(label: str, activity_id: str) -> None:
-        placed(label, activity_id, {})  # on record before it starts; where, once a worker has it
-
-    placement.on_placed, placement.on_ended = placed, ended
-    placement.on_dispatch = dispatched
-    rt.left_placed = _left_running(rt, wf)
-    placement.adopted = {label: str(p["id"]) for label, p in rt.left_placed.items()}
-    return placement
-
-
-def _left_running(rt: Runtime, wf: Workflow) -> dict[str, dict[str, Any]]:
-    """Attempts the last run of this flow here left on the cluster: its supervisor is gone
-    (killed), the attempt was dispatched and its step's row never written (label -> its
-    ``placed`` entry)."""
-    mine = [r for r in rt.state.registry.records() if r.flow == wf.name and r.run != rt.run_id]
-    if not mine or mine[-1].alive or mine[-1].state not in ("running", "interrupted"):
-        return {}
-    return {label: dict(p) for label, p in mine[-1].placed.items() if p.get("id")}
 
 
 def _workbench(wf: Workflow, args: StartArgs) -> Any:
@@ -254,7 +164,7 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     # "net" verdict just starts the run; a flow whose steps need no model is not held up).
     unreachable(rt.resilience, term.say)
     term.rt = rt
-    rt.on_result = _on_result(rt, term)
+    rt.on_result = term.row_done
     term.oracle = Oracle(
         rt.run_dir,
         rt.workspace,
@@ -294,19 +204,6 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         term.say(line)
     term.closing(rt)
     return 0
-
-
-def _on_result(rt: Runtime, term: Terminal) -> Callable[[StepResult], None]:
-    """What follows a manifest row this process wrote: its cost on a line of its own (every
-    attempt's and judge round's); on a cluster, the attempt that made it leaves the record."""
-    recorded = getattr(rt.placement, "recorded", None)
-
-    def written(result: StepResult) -> None:
-        term.row_done(result)
-        if recorded is not None:
-            recorded(result.step)
-
-    return written
 
 
 async def _settle_state(rt: Runtime, term: Terminal) -> None:

@@ -40,9 +40,9 @@ from typing import Any, TextIO
 
 from flower.i18n import define, t
 from flower.state.result import Event, StepResult
-from flower.step.resilience import LOCAL, TRANSIENT, classify
+from flower.step.placement import DIED
+from flower.step.resilience import DEFAULT_BASE_URL, LOCAL, TRANSIENT, classify
 from flower.util.sanitize import clean
-from supervisor.run.placement import DIED
 from supervisor.terminal.columns import cut, fit, line_width, width
 from supervisor.terminal.oracle import is_question
 
@@ -54,6 +54,20 @@ RED, DIM, RESET = "\x1b[31m", "\x1b[2m", "\x1b[0m"
 
 define(
     {
+        "setup.offline": (
+            "! 连不上 {host}:{port}({base});要用模型的步骤会等它恢复,每 {every} 秒探一次,"
+            "最多等 {minutes} 分钟(Ctrl-C 停)",
+            "! cannot reach {host}:{port} ({base}); a step that needs the model waits for it, "
+            "probing every {every} s for up to {minutes} min (Ctrl-C to stop)",
+        ),
+        "setup.offline.gave_up": (
+            "{host}:{port} {minutes} 分钟都没应答",
+            "{host}:{port} did not answer for {minutes} min",
+        ),
+        "setup.offline.hint": (
+            "查一下网络;用网关的话查 ANTHROPIC_BASE_URL",
+            "check the network, or ANTHROPIC_BASE_URL if you use a gateway",
+        ),
         "term.placed": (
             "@ 在 {host} 上跑(worker pid {pid})",
             "@ running on {host} (worker pid {pid})",
@@ -950,3 +964,26 @@ def _float_env(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def unreachable(resilience: Any, say: Callable[[str], None]) -> str:
+    """Say so in one line when the endpoint the CLI will talk to cannot be reached now (DNS
+    and one TCP handshake, synchronously: no thread is left behind for a fork), and return
+    the gave-up line for a caller that waits; "" when it is reachable (or resilience is off).
+    Nothing waits here: a run starts anyway, and a step that needs the model waits for the
+    network in its own loop (a run whose steps need none finishes without it)."""
+    if not resilience.enabled or resilience.reachable():
+        return ""
+    host, port = resilience.endpoint()
+    minutes = f"{resilience.max_offline_wait / 60:g}"
+    say(
+        t(
+            "setup.offline",
+            host=host,
+            port=port,
+            base=os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
+            every=f"{resilience.probe_interval:g}",
+            minutes=minutes,
+        )
+    )
+    return t("setup.offline.gave_up", host=host, port=port, minutes=minutes)

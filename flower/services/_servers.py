@@ -1,13 +1,12 @@
 """What the throwaway servers (:mod:`.postgres`, :mod:`.temporal`) share: a free loopback
-port, reading what a log got since an offset, their ``start``/``stop`` command line for
-``scripts/test.sh``, and the session fixture that uses the suite's server or starts one."""
+port, reading what a log got since an offset, and their ``start``/``stop`` command line for
+``scripts/test.sh``."""
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .._errors import FlowerError
@@ -61,25 +60,3 @@ def command_line(
         return 1
     print(f"usage: python -m {module} start [DIR] | stop DIR", file=sys.stderr)
     return 2
-
-
-def suite_server(
-    env: str, what: str, start: Callable[[], tuple[str, Callable[[], None]]]
-) -> Iterator[str]:
-    """The body of a session fixture: ``$env``'s address when set (scripts/test.sh started
-    the server), else ``start()``'s (its address and how to stop it), stopped at the end. A
-    server that cannot start fails the test with its reason in one line, never a skip."""
-    import pytest
-
-    given = os.environ.get(env, "").strip()
-    if given:
-        yield given
-        return
-    try:
-        address, stop = start()
-    except FlowerError as exc:
-        pytest.fail(f"{what} for the tests: {exc.one_line()}", pytrace=False)
-    try:
-        yield address
-    finally:
-        stop()
