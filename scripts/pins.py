@@ -239,7 +239,8 @@ def cmd_may_upgrade(args: argparse.Namespace) -> int:
         return 1
 
     if not VERDICT.is_file() or not TESTED.is_file():
-        return refuse(f"there is no verdict of a --latest run ({VERDICT.relative_to(ROOT)})")
+        shown = VERDICT.relative_to(ROOT) if VERDICT.is_relative_to(ROOT) else VERDICT
+        return refuse(f"there is no verdict of a --latest run ({shown})")
     verdict = json.loads(VERDICT.read_text(encoding="utf-8"))
     tested = verdict.get("versions", {})
     if verdict.get("verdict") != "PASS":

@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write what ran and how it went (JSON)")
     args = parser.parse_args(argv)
     workers = int(os.environ.get("FLOWER_TEST_WORKERS") or min(4, os.cpu_count() or 1))
-    picked = args.files + (drills() if args.drills else [])
+    all_drills = drills()
+    picked = args.files + (all_drills if args.drills else [])
     todo = chosen(picked) if picked else jobs()
     queue = list(todo)
     lock = threading.Lock()
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         ran = sorted(f for j in todo for f in j.files)
         report = {
             "files": ran,
-            "drills": ran == drills(),
+            "drills": ran == all_drills,
             "counts": counts,
             "failed": [j.name for j in failed],
             "jobs": [
