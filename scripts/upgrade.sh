@@ -10,7 +10,8 @@
 # It locks what --latest tested (its venv's `pip freeze` as constraints), not what happens to
 # be newest by now: a direct dependency released since refuses; run --latest again.
 #
-# Then: bash scripts/test.sh (it brings ./.venv to the new lock), and commit requirements.lock.
+# Then: bash scripts/test.sh (it brings ./.venv to the new lock), set the README's "Which
+# versions are tested" to the new SDK and CLI (tests/test_pins.py checks it), and commit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -47,4 +48,5 @@ echo "== requirements.lock:"
 pins changes requirements.lock "$work/lock.txt"
 mv "$work/lock.txt" requirements.lock
 echo "== requirements.lock moved forward: now bash scripts/test.sh (it brings ./.venv to it)," \
-    "then commit requirements.lock"
+    "set README's \"Which versions are tested\" to the new SDK and CLI (tests/test_pins.py" \
+    "checks it), and commit both"
