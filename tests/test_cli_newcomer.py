@@ -239,10 +239,20 @@ def test_venv_setup_says_what_pip_is_doing(tmp_path):
     lines = done.stderr.splitlines()
     assert lines[0].startswith(f"- first use: making {venv} and installing"), lines
     assert lines[-1].startswith(f"+ {venv} is ready ("), lines
-    assert "install --quiet -e" in (tmp_path / "calls").read_text()
+    # Exactly the lock, hashes checked; flower itself on top, without dependencies.
+    calls = (tmp_path / "calls").read_text()
+    assert f"install --quiet --require-hashes -r {REPO / 'requirements.lock'}" in calls, calls
+    assert f"install --quiet --no-deps -e {REPO}" in calls, calls
     # Set up already: nothing to say.
     again = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and again.stderr == "", again.stderr
+    # A venv made before the lock (its stamp says nothing of it) is brought to the lock.
+    (venv / ".flower-installed").write_text("")
+    (tmp_path / "calls").write_text("")
+    synced = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr
+    assert synced.stderr.startswith("- pyproject.toml or requirements.lock changed"), synced.stderr
+    assert "--require-hashes -r" in (tmp_path / "calls").read_text()
 
 
 # -- the commands that run nothing stay light -------------------------------------------------

@@ -19,10 +19,12 @@ define(
             "minute, quiet meanwhile)…",
         ),
         "venv.updating": (
-            "- pyproject.toml 改过了:更新 {venv} 里的包(pip,一会儿)…",
-            "- pyproject.toml changed: updating the packages in {venv} (pip, a moment)…",
+            "- pyproject.toml 或 requirements.lock 改过了:把 {venv} 里的包换成锁定的版本"
+            "(pip,一会儿)…",
+            "- pyproject.toml or requirements.lock changed: bringing the packages in {venv} to "
+            "the locked versions (pip, a moment)…",
         ),
-        "venv.ready": ("+ {venv} 好了({s} 秒)", "+ {venv} is ready ({s} s)"),
+        "venv.ready": ("+ {venv} 好了({s} 秒):{sdk}", "+ {venv} is ready ({s} s): {sdk}"),
     }
 )
 
