@@ -76,6 +76,8 @@ DEFAULT_E2E_WEIGHT = 20
 # writer) and every cluster drill. Found by name, so a new drill file is in without a list to
 # keep: what `bash scripts/test.sh --latest` runs against the newest releases.
 DRILL_TEXT = re.compile(r"kill_?9")
+# An end-to-end file that kills a process with Popen.kill() is a drill too.
+E2E_KILL = re.compile(r"\.kill\(\)|SIGKILL")
 # pytest's last line: "3 passed, 1 skipped in 4.20s" (-q) or "=== 1 failed, 2 passed in … ===".
 SUMMARY = re.compile(
     r"^(?:=+ )?(\d+ (?:passed|failed|errors?|skipped|deselected)[^\n]*?) in [0-9.]+s", re.M
@@ -107,7 +109,9 @@ def drills() -> list[str]:
     return sorted(
         p.name
         for p in TESTS.glob("test_*.py")
-        if "cluster" in p.name or DRILL_TEXT.search(p.read_text(encoding="utf-8"))
+        if "cluster" in p.name
+        or DRILL_TEXT.search(text := p.read_text(encoding="utf-8"))
+        or (p.name.startswith("test_e2e_") and E2E_KILL.search(text))
     )
 
 
