@@ -9,6 +9,7 @@ import string
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -54,9 +55,9 @@ def test_lineage_update_read_and_archive(state: PostgresState) -> None:
         box[0] = None  # nothing is written
     assert state.lineage.read("ws2") is None
     assert state.lineage.read("ws1") == LineageDoc("/a/ws", 2, {"取词": "s1", "干活": "s2"})
-    assert state.lineage.archive("ws1", "20260101-000000")
+    assert state.lineage.archive("ws1", Path("archive/20260101-000000"))
     assert state.lineage.read("ws1") is None
-    assert not state.lineage.archive("ws1", "20260101-000001")
+    assert not state.lineage.archive("ws1", Path("archive/20260101-000001"))
 
 
 def test_concurrent_lineage_updates_never_lose_each_other(pg_dsn: str) -> None:

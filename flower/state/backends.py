@@ -207,15 +207,15 @@ class SharedState:
         return self.rows.ledger
 
     def lineage(self, *, has_session: Any = None, run_id: str | None = None) -> Any:
-        from .lineage import SharedLineage
+        from .lineage import Lineage
 
-        return SharedLineage(
-            self.rows.lineage,
-            self.workspace_id,
+        return Lineage(
+            None,
             self.workspace,
-            f"{self.where} (lineage)",
             has_session=has_session,
             run_id=run_id,
+            rows=self.rows.lineage,
+            workspace_id=self.workspace_id,
         )
 
     def peek_lineage(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import RunDirBusy
 from ..i18n import define, t
@@ -35,7 +35,11 @@ from ..util.fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
 from ..util.lazylog import lazy_logger
 from .errors import StateUnavailable
 from .manifest import deferred_signals
+from .records import LineageDoc
 from .registry import Registry
+
+if TYPE_CHECKING:
+    from .seam import LineageRows
 
 log = lazy_logger("flower.lineage")  # logging loads when something is logged
 
@@ -201,46 +205,44 @@ def peek(run_dir: str | Path) -> dict[str, Any]:
 
 @dataclass
 class Lineage:
-    """The step-name -> session-id map of one workspace, stored in ``<run_dir>/lineage.json``.
+    """The step-name -> session-id map of one workspace: waking, remembering, forgetting and
+    checking, written once over a backend's :class:`~.seam.LineageRows` (``lineage.json`` in
+    a run_dir, :class:`FileLineageRows`; a database's row per workspace).
 
-    The documented fields are ``path`` (the file), ``workspace``, ``steps`` and ``woke``;
-    :meth:`open` reads one. ``has_session(sid)`` (usually ``Runtime.has_session``) decides
-    whether a remembered session still exists; entries failing it are not used. ``run_id`` is
-    this flower's own registry record, so :meth:`bump` does not mistake itself for another
-    live holder.
+    The documented fields are ``path`` (the file; None when a database keeps it),
+    ``workspace``, ``steps`` and ``woke``; :meth:`open` reads one. ``Lineage(path, workspace)``
+    keeps it in that file; the run state passes ``rows`` and ``workspace_id`` instead.
+    ``has_session(sid)`` (usually ``Runtime.has_session``) decides whether a remembered session
+    still exists; entries failing it are not used. ``run_id`` is this flower's own registry
+    record, so :meth:`bump` does not mistake itself for another live holder.
     """
 
-    path: Path
+    path: Path | None
     workspace: Path
     steps: dict[str, str] = field(default_factory=dict)
     woke: int = 0
     has_session: Callable[[str], bool] | None = field(default=None, repr=False, compare=False)
     run_id: str | None = field(default=None, repr=False, compare=False)
+    rows: LineageRows | None = field(default=None, repr=False, compare=False)
+    workspace_id: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.path = Path(self.path)
         self.workspace = Path(os.path.abspath(os.fspath(self.workspace)))
-        self.run_dir = self.path.parent
+        if self.rows is None:
+            if self.path is None:
+                raise TypeError("Lineage needs a path (lineage.json) or rows")
+            self.path = Path(self.path)
+            self.rows = FileLineageRows(self.path, self.workspace)
+        else:
+            self.path = self.rows.path
+        self._rows: LineageRows = self.rows
         self._write_failed = False  # warned once: a run whose lineage cannot be written
-        self._written: dict[str, str] = {}  # entries this object put on disk
-        # filelock costs ~15 ms to import; peek() and damage() (what status reads) never lock
-        from filelock import FileLock
-
-        self._lock = FileLock(
-            f"{self.path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
-        )
+        self._written: dict[str, str] = {}  # entries this object put on record
 
     @property
     def where(self) -> str:
         """Where this lineage is kept, for people."""
-        return str(self.path)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """One read-modify-write at a time, across processes."""
-        private_dir(self.run_dir)
-        with self._lock, deferred_signals():
-            yield
+        return self._rows.where
 
     @classmethod
     def open(
@@ -264,26 +266,18 @@ class Lineage:
     def load(self) -> dict[str, str]:
         """Read-only: the usable steps (also kept in ``self.steps``/``self.woke``).
 
-        Never writes and never raises: a missing, corrupt or foreign file gives ``{}``.
+        Never writes and never raises: a missing, corrupt or foreign file, or a database that
+        cannot be reached, gives ``{}``.
         """
-        state = self._read()
-        if state is None or not self._ours(state.workspace):
+        try:
+            doc = self._rows.read(self.workspace_id)
+        except StateUnavailable:
+            doc = None
+        if doc is None:
             self.woke, self.steps = 0, {}
         else:
-            self.woke, self.steps = state.woke, self._alive(state.steps)
+            self.woke, self.steps = doc.woke, self._alive(doc.steps)
         return dict(self.steps)
-
-    def _read(self) -> _State | None:
-        return self._read_diagnosed()[0]
-
-    def _read_diagnosed(self) -> tuple[_State | None, str]:
-        return _read_file(self.path)
-
-    def _ours(self, workspace: str) -> bool:
-        try:
-            return same_workspace(workspace, str(self.workspace))
-        except (OSError, ValueError):
-            return False
 
     def _alive(self, steps: dict[str, str]) -> dict[str, str]:
         """Keep only the entries whose session the store still has (or cannot say)."""
@@ -309,64 +303,206 @@ class Lineage:
         Raises :class:`flower.RunDirBusy` only when the file belongs to another workspace and
         a live flower still holds this run_dir for it; otherwise a foreign or broken file
         means a fresh start (set aside, one warning). ``mine`` are the steps of the starting
-        flow: for those whose session the store no longer has, a copy of the file is kept
-        beside it and one warning says they start fresh. A run_dir that cannot be written
-        does not stop the start.
+        flow: for those whose session the store no longer has, a copy is kept for a person
+        and one warning says they start fresh. A lineage that cannot be written does not
+        stop the start.
         """
+        woken = False
         try:
-            with self._locked():
-                return self._wake_locked(set(mine))
+            with self._rows.update(self.workspace_id, self.run_id) as box:
+                self._wake(box, set(mine))
+                woken = True
+            return self.woke
         except (OSError, StateUnavailable) as exc:
+            if woken:  # counted, but the count could not be written
+                self._warn_write(exc)
+                return self.woke
             log.warning("%s", t("lineage.not_updated", path=self.where, error=_why(exc)))
             self._write_failed = True
             self.load()
             self.woke += 1
             return self.woke
 
-    def _wake_locked(self, mine: set[str]) -> int:
-        self._drop_stale_tmp()
-        state = self._read_for_update()
-        if state is not None and not self._ours(state.workspace):
-            self._refuse_if_held()
-            self._set_aside("workspace", t("lineage.why.workspace", workspace=state.workspace))
-            state = None
-        self.woke = (state.woke if state else 0) + 1
-        file_steps = state.steps if state else {}
-        wanted = {n: sid for n, sid in file_steps.items() if _of(n, mine)} if mine else file_steps
+    def _wake(self, box: list[LineageDoc | None], mine: set[str]) -> None:
+        doc = box[0]
+        self.woke = (doc.woke if doc else 0) + 1
+        stored = dict(doc.steps) if doc else {}
+        wanted = {n: sid for n, sid in stored.items() if _of(n, mine)} if mine else stored
         self.steps = self._alive(wanted)
-        gone = {n: sid for n, sid in file_steps.items() if _of(n, mine) and n not in self.steps}
+        gone = {n: sid for n, sid in stored.items() if _of(n, mine) and n not in self.steps}
         if gone:
-            self._keep_copy_of_gone(gone)
-            # Ours to drop: no live flower uses these steps (a start that would is refused),
-            # and an entry left in place would be reported again at every start.
-            file_steps = {n: sid for n, sid in file_steps.items() if n not in gone}
+            # A copy keeps the old ids for a person; the entries go: no live flower uses these
+            # steps (a start that would is refused), and an entry left in place would be
+            # reported again at every start.
+            names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
+            kept = self._rows.keep_copy(self.workspace_id)
+            log.warning("%s", t("lineage.gone", path=self.where, steps=names, kept=kept))
+            stored = {n: sid for n, sid in stored.items() if n not in gone}
+        box[0] = LineageDoc(workspace=str(self.workspace), woke=self.woke, steps=stored)
+
+    # -- remembering --------------------------------------------------------------------
+
+    def remember(self, step: str, session_id: str) -> None:
+        """Record ``step``'s session the instant it is known; never raises ``OSError``.
+
+        Suffixed labels (``#retryN``, ``#roundN``) record under the bare step name; judge
+        labels are ignored. Entries other flowers wrote meanwhile are kept (merged by the
+        rows). A database that cannot be reached keeps the entry on this machine and
+        delivers it, in order, when it is back.
+        """
+        key = bare_name(step)
+        if key is None or not session_id:
+            return
+        if self._written.get(key) == session_id:
+            return  # this very entry is on record already (a step reports its session twice)
+        self.steps[key] = session_id
         try:
-            self._write(self.woke, file_steps)
+            self._rows.put(self.workspace_id, str(self.workspace), self.woke, key, session_id)
+            self._written[key] = session_id
         except (OSError, StateUnavailable) as exc:
             self._warn_write(exc)
-        return self.woke
 
-    def _keep_copy_of_gone(self, gone: dict[str, str]) -> None:
-        """Entries naming sessions the store no longer has: those steps start fresh. The
-        file stays (other flows' entries are in it) and loses those entries, so a copy keeps
-        the old ids for a person to look at."""
+    def forget(self, step: str, session_id: str) -> None:
+        """``step``'s session ``session_id`` cannot be resumed (the CLI has no conversation
+        for it): drop the entry, unless it names another session by now; never raises
+        ``OSError``. Kept through an outage like :meth:`remember`."""
+        key = bare_name(step)
+        if key is None or not session_id:
+            return
+        if self.steps.get(key) == session_id:
+            del self.steps[key]
+        self._written.pop(key, None)
+        try:
+            self._rows.drop(self.workspace_id, key, session_id)
+        except (OSError, StateUnavailable) as exc:
+            self._warn_write(exc)
+
+    def _warn_write(self, exc: BaseException) -> None:
+        if not self._write_failed:  # once per run: every later write would say the same
+            self._write_failed = True
+            log.warning("%s", t("lineage.unwritten", path=self.where, error=_why(exc)))
+
+    # -- starting over ------------------------------------------------------------------
+
+    def archive(self, into: str | Path, *, extra: list[Path] | None = None) -> Path:
+        """``--new``: keep the lineage (and move the ``extra`` files that exist) into
+        ``<into>/<YYYYmmdd-HHMMSS>/`` (created owner-only; ``-2``, ``-3`` … when taken); a
+        database keeps its copy under that folder's name.
+
+        Nothing is deleted and no session is touched; afterwards ``steps`` is empty and
+        ``woke`` is 0. Returns that directory, which exists only when something was moved.
+        Raises OSError (or StateUnavailable): a person asked for a fresh start and must not
+        silently get the old conversation back.
+        """
+        target = _unused(Path(into) / time.strftime("%Y%m%d-%H%M%S"))
+        self._rows.archive(self.workspace_id, target)
+        _move_existing([Path(p) for p in extra or ()], target)
+        self.steps, self.woke = {}, 0
+        return target
+
+
+class FileLineageRows:
+    """Lineage in ``<run_dir>/lineage.json`` (the module docstring), for one workspace: a
+    file another workspace wrote reads as none, and is set aside (never deleted) when this
+    one writes; a damaged file likewise. One read-modify-write at a time across processes,
+    under a file lock. ``workspace_id`` is not needed: a run_dir's file names its workspace
+    by path."""
+
+    def __init__(self, path: Path, workspace: Path) -> None:
+        self.path: Path | None = Path(path)
+        self._file = Path(path)
+        self.run_dir = self._file.parent
+        self.workspace = workspace
+        self.where = str(self._file)
+        # filelock costs ~15 ms to import; peek() and damage() (what status reads) never lock
+        from filelock import FileLock
+
+        self._lock = FileLock(
+            f"{self._file}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
+        )
+
+    def read(self, workspace_id: str) -> LineageDoc | None:
+        state = _read_file(self._file)[0]
+        if state is None or not self._ours(state.workspace):
+            return None
+        return LineageDoc(state.workspace, state.woke, dict(state.steps))
+
+    @contextlib.contextmanager
+    def update(
+        self, workspace_id: str, run_id: str | None = None
+    ) -> Iterator[list[LineageDoc | None]]:
+        with self._locked():
+            self._drop_stale_tmp()
+            state = self._read_for_update()
+            if state is not None and not self._ours(state.workspace):
+                self._refuse_if_held(run_id)
+                self._set_aside("workspace", t("lineage.why.workspace", workspace=state.workspace))
+                state = None
+            box: list[LineageDoc | None] = [
+                None if state is None else LineageDoc(state.workspace, state.woke, state.steps)
+            ]
+            yield box
+            doc = box[0]
+            if doc is not None:
+                self._write(doc.woke, doc.steps)
+
+    def put(self, workspace_id: str, workspace: str, woke: int, step: str, sid: str) -> None:
+        with self._locked():
+            state = self._read_for_update()
+            if state is not None and self._ours(state.workspace):
+                woke, steps = state.woke, dict(state.steps)
+            else:
+                if state is not None:  # another workspace took the file over since we woke
+                    self._set_aside("workspace", f"belongs to workspace {state.workspace} now")
+                steps = {}
+            steps[step] = sid
+            self._write(woke, steps)
+
+    def drop(self, workspace_id: str, step: str, sid: str) -> None:
+        with self._locked():
+            state = self._read_for_update()
+            if state is None or not self._ours(state.workspace) or state.steps.get(step) != sid:
+                return
+            self._write(state.woke, {k: v for k, v in state.steps.items() if k != step})
+
+    def keep_copy(self, workspace_id: str) -> str:
+        """A copy of the file beside it, named ``lineage.json.gone-<stamp>``; what to say."""
         import shutil  # with bz2 and lzma, ~2 ms that readers such as status never use
 
-        names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
         try:
             aside = _unused(
-                self.path.with_name(f"{LINEAGE_NAME}.gone-{time.strftime('%Y%m%d-%H%M%S')}")
+                self._file.with_name(f"{LINEAGE_NAME}.gone-{time.strftime('%Y%m%d-%H%M%S')}")
             )
-            shutil.copyfile(self.path, aside)
+            shutil.copyfile(self._file, aside)
             os.chmod(aside, FILE_MODE)
-            kept = t("lineage.gone.kept", path=aside)
+            return t("lineage.gone.kept", path=aside)
         except OSError as exc:
-            kept = t("lineage.gone.not_kept", error=exc.strerror or exc)
-        log.warning("%s", t("lineage.gone", path=self.path, steps=names, kept=kept))
+            return t("lineage.gone.not_kept", error=exc.strerror or exc)
 
-    def _refuse_if_held(self) -> None:
+    def archive(self, workspace_id: str, into: Path) -> bool:
+        if not self.run_dir.is_dir():
+            return False
+        with self._lock, deferred_signals():
+            return bool(_move_existing([self._file], into))
+
+    # -- the file ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One read-modify-write at a time, across processes."""
+        private_dir(self.run_dir)
+        with self._lock, deferred_signals():
+            yield
+
+    def _ours(self, workspace: str) -> bool:
+        try:
+            return same_workspace(workspace, str(self.workspace))
+        except (OSError, ValueError):
+            return False
+
+    def _refuse_if_held(self, run_id: str | None) -> None:
         """Raise RunDirBusy if a live flower holds this run_dir for another workspace."""
-        for rec in Registry(self.run_dir).live(exclude=self.run_id):
+        for rec in Registry(self.run_dir).live(exclude=run_id):
             theirs = os.path.abspath(rec.workspace) if rec.workspace else ""
             if theirs and not self._ours(theirs):
                 raise RunDirBusy(
@@ -377,9 +513,9 @@ class Lineage:
 
     def _read_for_update(self) -> _State | None:
         """Read under the lock; a file that exists but is unusable is moved aside, not lost."""
-        if not self.path.exists():
+        if not self._file.exists():
             return None
-        state, problem = self._read_diagnosed()
+        state, problem = _read_file(self._file)
         if state is None:
             self._set_aside("corrupt", problem)
         return state
@@ -387,11 +523,11 @@ class Lineage:
     def _set_aside(self, reason: str, why: str) -> None:
         """Move the file beside itself (``lineage.json.<reason>-<stamp>``), saying so."""
         try:
-            aside = set_aside(self.path, reason)
+            aside = set_aside(self._file, reason)
         except OSError as exc:
-            log.warning("%s", t("lineage.set_aside_failed", path=self.path, why=why, error=exc))
+            log.warning("%s", t("lineage.set_aside_failed", path=self._file, why=why, error=exc))
             return
-        log.warning("%s", t("lineage.set_aside", path=self.path, why=why, aside=aside))
+        log.warning("%s", t("lineage.set_aside", path=self._file, why=why, aside=aside))
 
     def _drop_stale_tmp(self) -> None:
         """Remove temp files of writers killed mid-write: every writer holds the lock we hold."""
@@ -399,89 +535,9 @@ class Lineage:
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
-    # -- remembering --------------------------------------------------------------------
-
-    def remember(self, step: str, session_id: str) -> None:
-        """Record ``step``'s session the instant it is known; never raises ``OSError``.
-
-        Suffixed labels (``#retryN``, ``#roundN``) record under the bare step name; judge
-        labels are ignored. Entries other flowers wrote meanwhile are kept (re-read under lock).
-        """
-        key = bare_name(step)
-        if key is None or not session_id:
-            return
-        if self._written.get(key) == session_id:
-            return  # this very entry is on disk already (a step reports its session twice)
-        self.steps[key] = session_id
-        try:
-            with self._locked():
-                self._merge_locked(key, session_id)
-        except (OSError, StateUnavailable) as exc:
-            self._warn_write(exc)
-
-    def forget(self, step: str, session_id: str) -> None:
-        """``step``'s session ``session_id`` cannot be resumed (the CLI has no conversation
-        for it): drop the entry, unless it names another session by now; never raises
-        ``OSError``. Entries other flowers wrote meanwhile are kept (re-read under lock)."""
-        key = bare_name(step)
-        if key is None or not session_id:
-            return
-        if self.steps.get(key) == session_id:
-            del self.steps[key]
-        self._written.pop(key, None)
-        try:
-            with self._locked():
-                state = self._read_for_update()
-                if state is None or not self._ours(state.workspace):
-                    return
-                if state.steps.get(key) != session_id:
-                    return
-                steps = {k: v for k, v in state.steps.items() if k != key}
-                self._write(state.woke, steps)
-        except (OSError, StateUnavailable) as exc:
-            self._warn_write(exc)
-
-    def _warn_write(self, exc: BaseException) -> None:
-        if not self._write_failed:  # once per run: every later write would say the same
-            self._write_failed = True
-            log.warning("%s", t("lineage.unwritten", path=self.where, error=_why(exc)))
-
-    def _merge_locked(self, key: str, session_id: str) -> None:
-        state = self._read_for_update()
-        if state is not None and self._ours(state.workspace):
-            woke, steps = state.woke, dict(state.steps)
-        else:
-            if state is not None:  # another workspace took the file over since we woke
-                self._set_aside("workspace", f"belongs to workspace {state.workspace} now")
-            woke, steps = self.woke, {}
-        steps[key] = session_id
-        self._write(woke, steps)
-        self._written[key] = session_id
-
     def _write(self, woke: int, steps: dict[str, str]) -> None:
         doc = {"workspace": str(self.workspace), "woke": woke, "steps": steps}
-        atomic_write_text(self.path, json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
-
-    # -- starting over ------------------------------------------------------------------
-
-    def archive(self, into: str | Path, *, extra: list[Path] | None = None) -> Path:
-        """``--new``: move lineage.json and the ``extra`` files that exist into
-        ``<into>/<YYYYmmdd-HHMMSS>/`` (created owner-only; ``-2``, ``-3`` … when taken).
-
-        Nothing is deleted and ``sessions.db`` is never touched; afterwards ``steps`` is empty
-        and ``woke`` is 0. Returns that directory, which exists only when something was
-        moved. Raises OSError: a person asked for a fresh start and must not silently get
-        the old conversation back.
-        """
-        target = _unused(Path(into) / time.strftime("%Y%m%d-%H%M%S"))
-        sources = [self.path, *(Path(p) for p in extra or ())]
-        if self.run_dir.is_dir():
-            with self._lock, deferred_signals():
-                _move_existing(sources, target)
-        else:
-            _move_existing(sources[1:], target)
-        self.steps, self.woke = {}, 0
-        return target
+        atomic_write_text(self._file, json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
 
 
 def _unused(path: Path) -> Path:
@@ -514,80 +570,3 @@ def _move_existing(sources: list[Path], into: Path) -> list[Path]:
 
 def _why(exc: BaseException) -> str:
     return str(getattr(exc, "strerror", None) or exc)
-
-
-class SharedLineage(Lineage):
-    """:class:`Lineage` kept in a database's rows (:class:`~.seam.LineageRows`), under the
-    workspace's identity: the same waking, remembering and checking, with the database's
-    per-workspace lock instead of a file lock. A workspace's row is only ever its own, so
-    there is no other workspace's file to set aside and nothing torn to recover."""
-
-    def __init__(
-        self,
-        rows: Any,
-        workspace_id: str,
-        workspace: Path,
-        where: str,
-        *,
-        has_session: Callable[[str], bool] | None = None,
-        run_id: str | None = None,
-    ) -> None:
-        self.rows, self.workspace_id, self._where = rows, workspace_id, where
-        self._box: list[Any] = [None]
-        super().__init__(Path(workspace), Path(workspace), has_session=has_session, run_id=run_id)
-
-    def __post_init__(self) -> None:
-        self.workspace = Path(os.path.abspath(os.fspath(self.workspace)))
-        self.run_dir = self.path
-        self._write_failed = False
-        self._written = {}
-
-    @property
-    def where(self) -> str:
-        return self._where
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self.rows.update(self.workspace_id) as box:
-            self._box = box
-            try:
-                yield
-            finally:
-                self._box = [None]
-
-    def _read_diagnosed(self) -> tuple[_State | None, str]:
-        return _state_of(self.rows.read(self.workspace_id)), ""
-
-    def _read_for_update(self) -> _State | None:
-        return _state_of(self._box[0])
-
-    def _ours(self, workspace: str) -> bool:
-        return True  # the row is keyed by this workspace's identity
-
-    def _write(self, woke: int, steps: dict[str, str]) -> None:
-        from .records import LineageDoc
-
-        self._box[0] = LineageDoc(workspace=str(self.workspace), woke=woke, steps=dict(steps))
-
-    def _drop_stale_tmp(self) -> None:
-        return None
-
-    def _keep_copy_of_gone(self, gone: dict[str, str]) -> None:
-        names = ", ".join(f"{n!r} ({sid})" for n, sid in gone.items())
-        log.warning(
-            "%s",
-            t("lineage.gone", path=self.where, steps=names, kept=t("lineage.gone.in_db")),
-        )
-
-    def archive(self, into: str | Path, *, extra: list[Path] | None = None) -> Path:
-        target = _unused(Path(into) / time.strftime("%Y%m%d-%H%M%S"))
-        self.rows.archive(self.workspace_id, target.name)
-        _move_existing([Path(p) for p in extra or ()], target)
-        self.steps, self.woke = {}, 0
-        return target
-
-
-def _state_of(doc: Any) -> _State | None:
-    if doc is None:
-        return None
-    return _State(str(doc.workspace), int(doc.woke), dict(doc.steps))

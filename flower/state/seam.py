@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from claude_agent_sdk.types import SessionKey, SessionStore, SessionStoreEntry
@@ -139,21 +140,48 @@ class LedgerRows(Protocol):
 
 
 class LineageRows(Protocol):
+    """Where a workspace's lineage document lives (:class:`flower.state.lineage.Lineage`
+    keeps the rules). A local run_dir's file holds one workspace's (another's reads as none
+    and is set aside when written); a database holds one per workspace id."""
+
+    path: Path | None  # the file, None when a database keeps it
+    where: str  # for people
+
     def read(self, workspace_id: str) -> LineageDoc | None:
         """The workspace's lineage, None if it has none. Raises StateUnavailable."""
         ...
 
-    @contextlib.contextmanager
-    def update(self, workspace_id: str) -> Iterator[list[LineageDoc | None]]:
-        """Read-modify-write under a lock other writers of the same workspace wait on:
-        yields a one-item list holding the current doc (or None); whatever the list holds
-        when the block ends is written (None: nothing is written). The block may use the
-        backend's synchronous methods but must not await its coroutines (PostgreSQL holds
-        the process's connection in a transaction for the block)."""
+    def update(
+        self, workspace_id: str, run_id: str | None = None
+    ) -> contextlib.AbstractContextManager[list[LineageDoc | None]]:
+        """A wake's read-modify-write under a lock other writers of the same workspace wait
+        on: yields a one-item list holding the current doc (or None); whatever the list holds
+        when the block ends is written (None: nothing is written). A local file another
+        workspace wrote is set aside first, or :class:`flower.RunDirBusy` raised when a live
+        flower other than ``run_id`` still holds it. The block may use the backend's
+        synchronous methods but must not await its coroutines."""
         ...
 
-    def archive(self, workspace_id: str, stamp: str) -> bool:
-        """``--new``: keep the current doc under ``stamp`` and drop it; False if none."""
+    def put(self, workspace_id: str, workspace: str, woke: int, step: str, sid: str) -> None:
+        """Name ``step``'s session ``sid``, merged with the entries others wrote (a first
+        entry makes the doc, with ``workspace`` and ``woke``). Durable before it returns —
+        a database that cannot be reached keeps it on this machine, in order, and delivers
+        it when back. Raises OSError only when it cannot be kept anywhere."""
+        ...
+
+    def drop(self, workspace_id: str, step: str, sid: str) -> None:
+        """Drop ``step``'s entry if it still names ``sid``; kept like :meth:`put`."""
+        ...
+
+    def keep_copy(self, workspace_id: str) -> str:
+        """Before a wake drops entries whose sessions are gone: keep a copy of the doc for
+        a person; returns what to tell them."""
+        ...
+
+    def archive(self, workspace_id: str, into: Path) -> bool:
+        """``--new``: keep the current doc under ``into`` (a local file moves into that
+        folder, created owner-only; a database keeps it under the folder's name) and drop
+        it; False when there was none. Raises OSError / StateUnavailable."""
         ...
 
 

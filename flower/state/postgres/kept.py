@@ -1,4 +1,5 @@
-"""The run's own rows that an outage must not lose: manifest rows, registry records, events.
+"""The run's own rows that an outage must not lose: lineage entries, manifest rows, registry
+records, events.
 
 The supervisor writes them while its steps run: an event for every tool call and every text,
 its registry record at each step and heartbeat, a manifest row at the end of every attempt.
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .fenced import Conn
     from .schema import Sql
 
-__all__ = ["LIVE", "NOW", "OPS"]
+__all__ = ["LIVE", "NOW", "OPS", "workspace_lock"]
 
 NOW = "extract(epoch FROM clock_timestamp())::double precision"
 LIVE = True  # the ``live`` argument of a write made as it happens (see the module docstring)
@@ -50,6 +51,43 @@ _EVENT = (
 )
 
 
+# A step's session named or dropped: merged into the workspace's document under the lock its
+# read-modify-write (a wake) takes, so neither overwrites the other. Session ids and step
+# names never hold the \\u0000 escape, so the document can go through jsonb for the merge.
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_LINEAGE_PUT = (
+    "INSERT INTO {s}.lineage (workspace_id, workspace, woke, steps)"
+    " VALUES (%(workspace_id)s, %(workspace)s, %(woke)s,"
+    " json_build_object(%(step)s::text, %(sid)s::text))"
+    " ON CONFLICT (workspace_id) DO UPDATE SET"
+    " steps = (lineage.steps::jsonb || jsonb_build_object(%(step)s::text, %(sid)s::text))::json"
+)
+_LINEAGE_DROP = (
+    "UPDATE {s}.lineage SET steps = (steps::jsonb - %(step)s::text)::json"
+    " WHERE workspace_id = %(workspace_id)s AND steps->>%(step)s::text = %(sid)s::text"
+)
+
+
+def workspace_lock(conn: Conn, sql: Sql, what: str, workspace_id: str) -> None:
+    """Hold ``what``'s lock of one workspace until the transaction ends (a read-modify-write
+    of its lineage or registry, and the kept writes that merge into them)."""
+    conn.execute(_LOCK, (f"flower-{what}:{sql.schema}:{workspace_id}",))
+
+
+def lineage_put(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
+    """``args``: ``workspace_id``, ``workspace``, ``woke`` (for a first entry), ``step``,
+    ``sid``."""
+    workspace_lock(conn, sql, "lineage", args["workspace_id"])
+    conn.execute(sql(_LINEAGE_PUT), args)
+
+
+def lineage_drop(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
+    """``args``: ``workspace_id``, ``step``, ``sid`` (dropped only if the entry still names
+    it)."""
+    workspace_lock(conn, sql, "lineage", args["workspace_id"])
+    conn.execute(sql(_LINEAGE_DROP), args)
+
+
 def manifest_append(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
     """``args``: ``workspace_id``, ``row`` (the manifest row)."""
     conn.execute(sql(_MANIFEST), {**args, "row": Json(args["row"])})
@@ -70,6 +108,8 @@ def event_append(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any
 
 #: The kept writes by name (the spool records name them).
 OPS: dict[str, Op] = {
+    "lineage.put": lineage_put,
+    "lineage.drop": lineage_drop,
     "manifest.append": manifest_append,
     "registry.write": registry_write,
     "events.append": event_append,

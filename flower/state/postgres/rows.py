@@ -18,14 +18,16 @@ import contextlib
 import socket
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.types.json import Json
 
+from ...i18n import t
 from ..records import LedgerRow, LineageDoc
 from .db import Conn, Database
-from .kept import LIVE, NOW
+from .kept import LIVE, NOW, workspace_lock
 
 if TYPE_CHECKING:
     from .sessions import PostgresSessionStore
@@ -39,11 +41,9 @@ __all__ = [
     "PostgresRegistryRows",
 ]
 
-_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-
 
 def _lock(conn: Conn, db: Database, what: str, workspace_id: str) -> None:
-    conn.execute(_LOCK, (f"flower-{what}:{db.sql.schema}:{workspace_id}",))
+    workspace_lock(conn, db.sql, what, workspace_id)
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,17 +123,28 @@ def _who(row: LedgerRow) -> dict[str, Any]:
 
 
 class PostgresLineageRows:
-    """One lineage document per workspace; ``--new`` keeps the old one in an archive."""
+    """One lineage document per workspace; ``--new`` keeps the old one in an archive.
 
-    def __init__(self, db: Database) -> None:
+    Naming and dropping a step's session (:meth:`put`, :meth:`drop`) are kept writes
+    (:mod:`.kept`): a session started, resumed or handed off while the database is away is
+    named in this machine's spool and delivered, in order with the transcript it names,
+    when it is back (by this process, or by the next one that connects)."""
+
+    path: Path | None = None  # no file: the database keeps it
+
+    def __init__(self, db: Database, where: str) -> None:
         self._db = db
+        self.where = where
 
     def read(self, workspace_id: str) -> LineageDoc | None:
         return self._db.run(lambda conn: self._read(conn, workspace_id))
 
     @contextlib.contextmanager
-    def update(self, workspace_id: str) -> Iterator[list[LineageDoc | None]]:
-        """Read-modify-write under the workspace's lock (see the module docstring)."""
+    def update(
+        self, workspace_id: str, run_id: str | None = None
+    ) -> Iterator[list[LineageDoc | None]]:
+        """Read-modify-write under the workspace's lock (see the module docstring); a
+        workspace's row is only ever its own, so ``run_id`` has nothing to refuse."""
         sql = self._db.sql(
             "INSERT INTO {s}.lineage (workspace_id, workspace, woke, steps)"
             " VALUES (%s, %s, %s, %s::json) ON CONFLICT (workspace_id) DO UPDATE SET"
@@ -148,15 +159,27 @@ class PostgresLineageRows:
                 params = (workspace_id, doc.workspace, int(doc.woke), Json(doc.steps))
                 conn.execute(sql, params)
 
-    def archive(self, workspace_id: str, stamp: str) -> bool:
-        """Keep the current document under ``stamp`` and drop it; False if there is none."""
+    def put(self, workspace_id: str, workspace: str, woke: int, step: str, sid: str) -> None:
+        """Name ``step``'s session, merged with what others wrote (kept through an outage)."""
+        args = {"workspace_id": workspace_id, "workspace": workspace, "woke": woke}
+        self._db.write("lineage.put", 0, {**args, "step": step, "sid": sid})
+
+    def drop(self, workspace_id: str, step: str, sid: str) -> None:
+        """Drop ``step``'s entry if it still names ``sid`` (kept through an outage)."""
+        self._db.write("lineage.drop", 0, {"workspace_id": workspace_id, "step": step, "sid": sid})
+
+    def keep_copy(self, workspace_id: str) -> str:
+        return t("lineage.gone.in_db")
+
+    def archive(self, workspace_id: str, into: Path) -> bool:
+        """Keep the current document under ``into``'s name and drop it; False if none."""
         sql = self._db.sql(
             "WITH gone AS (DELETE FROM {s}.lineage WHERE workspace_id = %s"
             " RETURNING workspace_id, workspace, woke, steps)"
             " INSERT INTO {s}.lineage_archive (workspace_id, stamp, workspace, woke, steps)"
             " SELECT workspace_id, %s, workspace, woke, steps FROM gone RETURNING 1"
         )
-        rows = self._db.run(lambda conn: conn.execute(sql, (workspace_id, stamp)).fetchall())
+        rows = self._db.run(lambda conn: conn.execute(sql, (workspace_id, into.name)).fetchall())
         return bool(rows)
 
     def _read(self, conn: Conn, workspace_id: str) -> LineageDoc | None:

@@ -49,7 +49,7 @@ class PostgresState:
         self._made = threading.Lock()
         self._sessions: PostgresSessionStore | None = None
         self._ledger: PostgresLedgerRows | None = None
-        self._lineage = PostgresLineageRows(self._db)
+        self._lineage = PostgresLineageRows(self._db, f"{self.where} (lineage)")
         self._manifest = PostgresManifestRows(self._db)
         self._registry = PostgresRegistryRows(self._db)
         self._cache = PostgresCacheRows(self._db)
