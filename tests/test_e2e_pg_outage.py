@@ -9,12 +9,19 @@ server is started again. The run must finish (exit 0) with one ``!`` line about 
 database on the terminal, and nothing lost: the transcript in PostgreSQL holds every entry
 the CLI wrote, in its order, the ledger has both tool calls finished, the manifest and
 lineage rows are complete, and no spool is left on the machine.
+
+Then a session that begins during an outage (issue 24): the first step ends and the second
+starts its session while the database is down; a kill -9 after it is back, or while it is
+still down (the next flower delivers the dead one's spool): the next run continues that
+session and sends nothing finished again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +33,7 @@ import pytest
 from flower.services.model_server import ModelServer
 from flower.services.postgres import PgServer, postgres_server
 from flower.testing.pytest_postgres import database_url
-from tests.e2e import wait_until
+from tests.e2e import kill, wait_until
 from tests.e2e_pg import PgFlower
 
 # One flower run of real CLI turns, a 10 s outage in the middle, this module's own server
@@ -168,3 +175,115 @@ def tool_ids(messages: list[dict[str, Any]]) -> list[str]:
             elif block.get("type") == "tool_result":
                 out.append(block["tool_use_id"])
     return out
+
+
+def spooled(home: Path) -> list[dict[str, Any]]:
+    """Every record in the spools under ``home`` (a cut last line is skipped)."""
+    out = []
+    for spool in home.rglob("*.spool"):
+        for line in spool.read_text(encoding="utf-8").splitlines()[1:]:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.parametrize("killed", ["after it is back", "while it is down"])
+def test_a_session_begun_during_an_outage_is_continued_after_a_kill_9(
+    model_server: Any,
+    flower_env: Any,
+    own_server: PgServer,
+    state: str,
+    tmp_path: Path,
+    killed: str,
+) -> None:
+    """PostgreSQL goes down while the first step still works, so the second step starts its
+    session during the outage; kill -9 once the database is back (and the spool delivered),
+    or while it is still down (the next flower delivers the dead one's spool): the next run
+    continues that session, with its earlier turns, and sends nothing of the first again."""
+    gate = tmp_path / "gate"
+    server: ModelServer = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "first",
+                    "match": {"marker": "[[first]]"},
+                    "turns": [bash(GATED.format(gate=gate)), {"text": "first done."}],
+                },
+                {
+                    "name": "second",
+                    "match": {"marker": "[[second]]"},
+                    "turns": [
+                        bash("echo ran >> counter.txt"),
+                        {"text": "second done.", "delay": 90, "times": 1},
+                    ],
+                },
+            ]
+        }
+    )
+    f: PgFlower = flower_env(server, state=state)
+    home = f.root / "home"
+    proc = f.start(flow=FLOW)
+    try:
+        wait_until(lambda: (f.ws / "tool.started").exists(), 90, "the held tool call to start")
+        own_server.down()
+        gate.touch()
+        # the second step's session begins while the database is down, and gets as far as
+        # its second request (the tool ran, its result is in the transcript)
+        server.wait_for(
+            lambda reqs: any(r.conversation == "second" and r.turn == 1 for r in reqs),
+            timeout=60,
+        )
+        (sid,) = {r.session_id for r in server.requests if r.conversation == "second"}
+        if killed == "after it is back":
+            own_server.up()
+            wait_until(
+                lambda: f.lineage()["steps"].get("second") == sid and f.has_tool_result(sid),
+                60,
+                "the spooled lineage and transcript to reach PostgreSQL",
+            )
+        else:
+            # the session is on the machine, in the spool, and only there
+            wait_until(
+                lambda: (
+                    any(
+                        r["op"] == "lineage.put" and r["args"].get("sid") == sid
+                        for r in spooled(home)
+                    )
+                    and any(
+                        r["op"] == "append" and "tool_result" in json.dumps(r["args"])
+                        for r in spooled(home)
+                    )
+                ),
+                30,
+                "the second step's lineage and tool result in the spool",
+            )
+        killed_at = max(r.seq for r in server.requests)
+        assert kill(proc) == -signal.SIGKILL
+        f.assert_no_survivors(within=5.0)
+        if killed == "while it is down":
+            own_server.up()
+    finally:
+        gate.touch()
+        if not (own_server.data / "postmaster.pid").exists():
+            own_server.up()
+
+    code, out = f.run(flow=FLOW, timeout=120)
+    assert code == 0, out
+    after = [r for r in server.requests if r.seq > killed_at]
+    assert not [r for r in after if r.conversation == "first"], "a finished step was re-sent"
+    resumed = [r for r in after if r.conversation == "second"]
+    assert resumed and {r.session_id for r in resumed} == {sid}, (
+        f"the second step did not continue its session {sid}: "
+        f"{[(r.conversation, r.session_id) for r in after]}"
+    )
+    assert tool_ids(resumed[0].messages), "the earlier turns were not sent on resume"
+    assert (f.ws / "counter.txt").read_text().splitlines() == ["ran"], "a tool call ran again"
+    assert f.lineage()["steps"]["second"] == sid
+    # the first step once as run and once reused (no model call), the second once done
+    done = [(r["step"], r.get("reused")) for r in f.manifest() if r["ok"]]
+    assert done == [("first", None), ("first", "run-only"), ("second", None)], done
+    assert not list(home.rglob("*.spool*")), "a spool was left undelivered"
+    for req in server.requests:
+        assert not any("API Error" in t for t in req.texts()), f"request {req.seq} fed an error"
+    f.assert_no_survivors()
+    f.assert_state_home()
