@@ -318,3 +318,73 @@ def test_the_product_never_imports_its_test_harness() -> None:
         if not e.startswith("flower.testing")
     ]
     assert wrong == []
+
+
+# -- the run-state seam: nothing above it asks which backend it has ---------------------
+
+OUTSIDE_STATE = {
+    name: path
+    for name, path in MODULES.items()
+    # the servers (flower.services) and the test kit make databases: not run state
+    if not name.startswith(("flower.state", "flower.testing", "flower.services"))
+}
+SQL = ("SELECT ", "INSERT ", "UPDATE ", "DELETE FROM", "CREATE TABLE", "CREATE DATABASE")
+
+
+def _asks_the_backend(tree: ast.AST) -> list[int]:
+    """Lines that read ``.kind`` of something named like a run state, or reach into a
+    backend's rows (``state.rows``)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("kind", "rows"):
+            base = node.value
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+            names = ("state", "st", "probe", "opened") if node.attr == "kind" else ("state",)
+            if name in names:
+                out.append(node.lineno)
+    return out
+
+
+def _state_typed_any(tree: ast.AST) -> list[int]:
+    """Parameters and fields named ``state`` annotated ``Any``."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.arg == "state":
+            ann = node.annotation
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            ann = node.annotation if node.target.id == "state" else None
+        else:
+            continue
+        if ann is not None and "Any" in ast.unparse(ann):
+            out.append(node.lineno)
+    return out
+
+
+def _sql(tree: ast.AST) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.lstrip().startswith(SQL)
+    ]
+
+
+@pytest.mark.parametrize("check", [_asks_the_backend, _state_typed_any, _sql])
+def test_nothing_above_the_state_seam_asks_which_backend_it_has(check: object) -> None:
+    found = {
+        f"{name}:{line}"
+        for name, path in OUTSIDE_STATE.items()
+        for line in check(ast.parse(path.read_text(encoding="utf-8")))  # type: ignore[operator]
+    }
+    assert not found, sorted(found)
+
+
+def test_the_seam_checks_see_what_they_look_for() -> None:
+    tree = ast.parse(
+        "def f(state: Any):\n    if state.kind == 'local':\n        state.rows.events\n"
+        "    q = 'SELECT 1'\n"
+    )
+    assert _asks_the_backend(tree) == [2, 3]
+    assert _state_typed_any(tree) == [1]
+    assert _sql(tree) == [4]

@@ -107,6 +107,16 @@ class PgServer:
         """The superuser's URL for ``database`` on this server."""
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
+    def create_database(self, name: str) -> str:
+        """Make an empty database ``name`` (a plain identifier) and return its URL."""
+        import psycopg
+
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+            raise ValueError(f"not a plain database name: {name!r}")
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
     @property
     def data(self) -> Path:
         return self.dir / "data"

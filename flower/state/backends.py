@@ -22,12 +22,142 @@ Which one: ``state`` given to :func:`open_state` (``--state URL``, ``Runtime(sta
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from .._errors import FlowerError
+from ..i18n import define, t
+
+if TYPE_CHECKING:
+    from ..cache import CacheStore, SharedCacheStore
+    from .eventlog import EventLog, SharedEventLog
+    from .lineage import Lineage
+    from .manifest import Manifest, SharedManifest
+    from .records import LedgerRow
+    from .registry import Registry, SharedRegistry
+    from .seam import EventRows, LedgerRows, Sessions
 
 STATE_ENV = "FLOWER_STATE"
 
-__all__ = ["STATE_ENV", "LocalState", "SharedState", "open_state", "state_url"]
+__all__ = ["STATE_ENV", "LocalState", "RunState", "Scope", "SharedState", "open_state", "state_url"]
+
+define(
+    {
+        "state.scope.run_dir": ("运行目录", "RUN_DIR"),
+        "state.scope.workspace": ("工作区", "WORKSPACE"),
+        "state.damaged": ("{db} 读不了:{why}", "{db} cannot be read: {why}"),
+        "state.damaged.hint": (
+            "flower-super status 会说明它怎么了",
+            "flower-super status says what is wrong with it",
+        ),
+        "state.is_file": ("{path} 是文件,不是运行目录", "{path} is a file, not a run directory"),
+        "state.is_file.hint": (
+            "用 -r 指定 flower 运行时用的目录(默认 ./runs)",
+            "pass -r with the directory flower ran in (default ./runs)",
+        ),
+        "state.no_dir": ("{path} 没有运行目录", "no run directory at {path}"),
+        "state.no_dir.hint": (
+            "在启动 flower 的目录里运行,或用 -r DIR 指定",
+            "run from the directory you started flower in, or pass -r DIR",
+        ),
+        "state.not_shared": (
+            "集群需要 PostgreSQL 里的运行状态(--state 或 FLOWER_STATE),不能用本地文件",
+            "a cluster needs the run state in PostgreSQL (--state or FLOWER_STATE), "
+            "not local files",
+        ),
+        "state.not_shared.hint": (
+            "supervisor 和每个 worker 用同一个 postgresql://… 地址",
+            "give the supervisor and every worker the same postgresql://… URL",
+        ),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one run state holds, as a person names it on the command line: ``-r RUN_DIR``
+    (the run_dir's files) or ``-w WORKSPACE`` (the workspace's rows in a database)."""
+
+    option: str  # "-r" | "-w"
+    path: Path
+    default: Path  # what the option means when it is not given (in the current directory)
+    label_key: str  # the catalogue's name for what the option takes
+
+    @property
+    def label(self) -> str:
+        return t(self.label_key)
+
+    def args(self) -> list[str]:
+        """The option that points a command at this state, when it is not the default."""
+        return [] if self.path == self.default else [self.option, str(self.path)]
+
+
+class RunState(Protocol):
+    """One run's state, as :func:`open_state` returns it: everything a run persists, and
+    the questions ``status``/``show``/``logs``/``cancel``, the starter flow, the supervisor
+    and the workers ask of it. Two implementations (:class:`LocalState`,
+    :class:`SharedState`); no caller asks which it has."""
+
+    where: str  # for people: the run_dir, or the URL with its password masked
+    run_dir: Path
+    workspace: Path
+    #: other machines see it (a cluster's workers and their mailboxes need that)
+    shared: bool
+
+    @property
+    def workspace_id(self) -> str: ...
+
+    @property
+    def scope(self) -> Scope: ...
+
+    @property
+    def sessions(self) -> Sessions: ...
+
+    @property
+    def ledger(self) -> LedgerRows: ...
+
+    def lineage(self, *, has_session: Any = None, run_id: str | None = None) -> Lineage: ...
+
+    def peek_lineage(self) -> dict[str, Any]: ...
+
+    def manifest(self, run_id: str) -> Manifest | SharedManifest: ...
+
+    def manifest_rows(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def manifest_where(self) -> Path | str: ...
+
+    @property
+    def registry(self) -> Registry | SharedRegistry: ...
+
+    @property
+    def cache(self) -> CacheStore | SharedCacheStore: ...
+
+    def event_log(self, run_id: str) -> EventLog | SharedEventLog: ...
+
+    def events_of(self, run_id: str) -> Path | tuple[EventRows, str]: ...
+
+    def has_events(self, run_id: str) -> bool: ...
+
+    @property
+    def mailboxes(self) -> EventRows: ...
+
+    def transcript(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    def tool_calls(self, session_id: str) -> list[LedgerRow]: ...
+
+    def resumable(self, session_id: str) -> bool: ...
+
+    def present(self) -> None: ...
+
+    def problems(self, steps: dict[str, str]) -> list[dict[str, str]]: ...
+
+    def set_aside(self) -> list[str]: ...
+
+    def settle(self, timeout: float) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 def state_url(given: str | None = None) -> str | None:
@@ -37,8 +167,12 @@ def state_url(given: str | None = None) -> str | None:
 
 
 def open_state(
-    state: Any = None, *, run_dir: str | Path, workspace: str | Path, create: bool = True
-) -> Any:
+    state: RunState | str | None = None,
+    *,
+    run_dir: str | Path,
+    workspace: str | Path,
+    create: bool = True,
+) -> RunState:
     """The run state for ``workspace``: an object already opened (returned as is), a URL, or
     None for ``$FLOWER_STATE`` / local files in ``run_dir``. A URL that is not PostgreSQL's,
     a refused password, a database that is down: one FlowerError line with a hint.
@@ -54,7 +188,7 @@ def open_state(
 class LocalState:
     """The files of one run_dir (see the module docstring)."""
 
-    kind = "local"
+    shared = False
 
     def __init__(self, run_dir: str | Path, workspace: str | Path) -> None:
         self.run_dir = Path(run_dir).expanduser().absolute()
@@ -68,6 +202,10 @@ class LocalState:
         return f"LocalState({self.where!r})"
 
     @property
+    def scope(self) -> Scope:
+        return Scope("-r", self.run_dir, (Path.cwd() / "runs").absolute(), "state.scope.run_dir")
+
+    @property
     def workspace_id(self) -> str:
         """The workspace's identity: its path's key unless a file in it says otherwise."""
         if self._workspace_id is None:
@@ -79,7 +217,7 @@ class LocalState:
     # -- sessions -----------------------------------------------------------------------
 
     @property
-    def sessions(self) -> Any:
+    def sessions(self) -> Sessions:
         """``<run_dir>/sessions.db`` (a damaged one is set aside and a fresh one started),
         seen through the workspace's identity."""
         if self._sessions is None:
@@ -88,16 +226,16 @@ class LocalState:
             store = self._open_sqlite()
             alias, ident = path_key(self.workspace), self.workspace_id
             self._sessions = store if alias == ident else Rekeyed(store, alias, ident)
-        return self._sessions
+        return cast("Sessions", self._sessions)
 
     @property
-    def ledger(self) -> Any:
+    def ledger(self) -> LedgerRows:
         if self._ledger is None:
             from .sqlite import SqliteLedgerRows
 
-            store = self.sessions
+            store: Any = self.sessions
             self._ledger = SqliteLedgerRows(getattr(store, "inner", store))
-        return self._ledger
+        return cast("LedgerRows", self._ledger)
 
     def _open_sqlite(self) -> Any:
         from .stores import local_sessions
@@ -106,7 +244,7 @@ class LocalState:
 
     # -- the run's records -----------------------------------------------------------------
 
-    def lineage(self, *, has_session: Any = None, run_id: str | None = None) -> Any:
+    def lineage(self, *, has_session: Any = None, run_id: str | None = None) -> Lineage:
         from .lineage import LINEAGE_NAME, Lineage
 
         return Lineage(
@@ -119,7 +257,7 @@ class LocalState:
 
         return peek(self.run_dir)
 
-    def manifest(self, run_id: str) -> Any:
+    def manifest(self, run_id: str) -> Manifest:
         from .manifest import Manifest
 
         return Manifest(self.run_dir, run_id)
@@ -130,27 +268,116 @@ class LocalState:
         return read_manifest(self.run_dir) if self.run_dir.is_dir() else []
 
     @property
-    def registry(self) -> Any:
+    def manifest_where(self) -> Path | str:
+        from .manifest import MANIFEST_NAME
+
+        return self.run_dir / MANIFEST_NAME
+
+    @property
+    def registry(self) -> Registry:
         from .registry import Registry
 
         return Registry(self.run_dir)
 
     @property
-    def cache(self) -> Any:
+    def cache(self) -> CacheStore:
         from ..cache import CacheStore
 
         return CacheStore(self.run_dir / "cache")
 
-    def event_log(self, run_id: str) -> Any:
+    def event_log(self, run_id: str) -> EventLog:
         from .eventlog import EventLog
 
         return EventLog.open(self.run_dir, run_id)
 
-    def events_of(self, run_id: str) -> Any:
+    def events_of(self, run_id: str) -> Path:
         """Where ``logs`` reads the run's events: the file's path."""
         from .eventlog import events_path
 
         return events_path(self.run_dir, run_id)
+
+    def has_events(self, run_id: str) -> bool:
+        from .eventlog import events_path
+
+        return events_path(self.run_dir, run_id).exists()
+
+    @property
+    def mailboxes(self) -> EventRows:
+        """A run_dir's files are this machine's only: a cluster cannot use them."""
+        raise FlowerError(t("state.not_shared"), hint=t("state.not_shared.hint"))
+
+    def transcript(self, session_id: str) -> list[dict[str, Any]]:
+        """``session_id``'s main transcript, read-only and without the SDK (``show``); a
+        damaged ``sessions.db`` is one FlowerError line."""
+        from .dbfile import damage, read_transcript
+
+        db = self.run_dir / "sessions.db"
+        why = damage(db)
+        if why:
+            raise FlowerError(t("state.damaged", db=db, why=why), hint=t("state.damaged.hint"))
+        return read_transcript(self.run_dir, session_id)
+
+    def tool_calls(self, session_id: str) -> list[LedgerRow]:
+        from .dbfile import read_tool_calls
+
+        return read_tool_calls(self.run_dir, session_id)
+
+    def resumable(self, session_id: str) -> bool:
+        """Does the store still hold ``session_id`` (True when it cannot say: a store that
+        cannot answer is not a session that is gone)?"""
+        from .dbfile import has_transcript
+
+        return has_transcript(self.run_dir / "sessions.db", session_id) is not False
+
+    # -- what a person who looks is told (``status``) ----------------------------------------
+
+    def present(self) -> None:
+        """Is there a run directory to look at? One FlowerError line if not."""
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise FlowerError(t("state.is_file", path=self.run_dir), hint=t("state.is_file.hint"))
+        if not self.run_dir.is_dir():
+            raise FlowerError(t("state.no_dir", path=self.run_dir), hint=t("state.no_dir.hint"))
+
+    def problems(self, steps: dict[str, str]) -> list[dict[str, str]]:
+        """Every run-state file that a start would set aside or start fresh from, and why
+        (``steps``: the lineage's step names and sessions)."""
+        from . import lineage, manifest
+        from .dbfile import damage, has_transcripts
+        from .stores import SESSIONS_DB
+
+        run_dir = self.run_dir
+        db = run_dir / SESSIONS_DB
+        db_problem = damage(db)
+        found = [
+            (run_dir / lineage.LINEAGE_NAME, lineage.damage(run_dir)),
+            (run_dir / manifest.MANIFEST_NAME, manifest.damage(run_dir)),
+            (db, db_problem),
+            *((path, "is not a flower record") for path in self.registry.damaged()),
+        ]
+        if not db_problem:
+            # A store that cannot be asked (None) is not a session that is gone: status
+            # reports what it knows. Unlike a start it does not know the workspace's project
+            # key: any project counts.
+            stored = has_transcripts(db, steps.values())
+            gone = [f"{name!r} ({sid})" for name, sid in steps.items() if stored[sid] is False]
+            if gone:
+                why = f"names sessions that {SESSIONS_DB} does not have, for step {', '.join(gone)}"
+                found.append((run_dir / lineage.LINEAGE_NAME, why))
+        return [{"file": str(path), "problem": why} for path, why in found if why]
+
+    def set_aside(self) -> list[str]:
+        """The files a start set aside (damaged, torn, another workspace's, gone)."""
+        import re
+
+        aside = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-shm)?$")
+        out: list[str] = []
+        for where in (self.run_dir, self.registry.dir):
+            try:
+                names = sorted(p.name for p in where.iterdir())
+            except OSError:
+                continue
+            out += [str(where / n) for n in names if aside.search(n)]
+        return out
 
     def settle(self, timeout: float) -> bool:
         """Files are written where they belong as they happen: nothing is ever waiting."""
@@ -164,7 +391,7 @@ class LocalState:
 class SharedState:
     """One PostgreSQL database, seen from one workspace (see the module docstring)."""
 
-    kind = "postgres"
+    shared = True
 
     def __init__(
         self, url: str, *, run_dir: str | Path, workspace: str | Path, create: bool = True
@@ -183,6 +410,10 @@ class SharedState:
         return f"SharedState({self.where!r})"
 
     @property
+    def scope(self) -> Scope:
+        return Scope("-w", self.workspace, Path.cwd().resolve(), "state.scope.workspace")
+
+    @property
     def workspace_id(self) -> str:
         """The workspace's identity, written into it the first time it keeps state here."""
         if self._workspace_id is None:
@@ -192,21 +423,21 @@ class SharedState:
         return self._workspace_id
 
     @property
-    def sessions(self) -> Any:
+    def sessions(self) -> Sessions:
         if self._sessions is None:
             from .identity import Rekeyed, path_key
 
             self._sessions = Rekeyed(
                 self.rows.sessions, path_key(self.workspace), self.workspace_id
             )
-        return self._sessions
+        return cast("Sessions", self._sessions)
 
     @property
-    def ledger(self) -> Any:
+    def ledger(self) -> LedgerRows:
         self.sessions  # noqa: B018 - the ledger shares the store's epoch
-        return self.rows.ledger
+        return cast("LedgerRows", self.rows.ledger)
 
-    def lineage(self, *, has_session: Any = None, run_id: str | None = None) -> Any:
+    def lineage(self, *, has_session: Any = None, run_id: str | None = None) -> Lineage:
         from .lineage import Lineage
 
         return Lineage(
@@ -224,7 +455,7 @@ class SharedState:
             return {}
         return {"workspace": doc.workspace, "woke": doc.woke, "steps": dict(doc.steps)}
 
-    def manifest(self, run_id: str) -> Any:
+    def manifest(self, run_id: str) -> SharedManifest:
         from .manifest import SharedManifest
 
         return SharedManifest(
@@ -235,24 +466,61 @@ class SharedState:
         return list(self.rows.manifest.rows(self.workspace_id))
 
     @property
-    def registry(self) -> Any:
+    def manifest_where(self) -> Path | str:
+        return f"{self.where} (manifest)"
+
+    @property
+    def registry(self) -> SharedRegistry:
         from .registry import SharedRegistry
 
         return SharedRegistry(self.rows.registry, self.workspace_id, f"{self.where} (runs)")
 
     @property
-    def cache(self) -> Any:
+    def cache(self) -> SharedCacheStore:
         from ..cache import SharedCacheStore
 
         return SharedCacheStore(self.rows.cache, self.workspace_id)
 
-    def event_log(self, run_id: str) -> Any:
+    def event_log(self, run_id: str) -> SharedEventLog:
         from .eventlog import SharedEventLog
 
         return SharedEventLog(self.rows.events, run_id, f"{self.where} (events)")
 
-    def events_of(self, run_id: str) -> Any:
+    def events_of(self, run_id: str) -> tuple[EventRows, str]:
         return (self.rows.events, run_id)
+
+    def has_events(self, run_id: str) -> bool:
+        """The event rows are there to read (or to follow) whenever the database is."""
+        return True
+
+    @property
+    def mailboxes(self) -> EventRows:
+        """Where a supervisor and a worker exchange an attempt's messages: event rows."""
+        return self.rows.events
+
+    def transcript(self, session_id: str) -> list[dict[str, Any]]:
+        key = {"project_key": self.workspace_id, "session_id": session_id}
+        return list(self.sessions.load_sync(key) or [])  # type: ignore[arg-type]
+
+    def tool_calls(self, session_id: str) -> list[LedgerRow]:
+        rows: list[LedgerRow] = self.ledger.in_session(session_id, 0.0)
+        return rows
+
+    def resumable(self, session_id: str) -> bool:
+        try:
+            return bool(self.sessions.has_session(None, session_id))
+        except Exception:  # noqa: BLE001 - a store that cannot answer is not a session gone
+            return True
+
+    def present(self) -> None:
+        """The database answered when it was opened: there is always something to see."""
+
+    def problems(self, steps: dict[str, str]) -> list[dict[str, str]]:
+        """Rows are never torn or set aside: a database keeps them whole."""
+        return []
+
+    def set_aside(self) -> list[str]:
+        return []
 
     def settle(self, timeout: float) -> bool:
         """What an outage of the database left on this machine (this process's spool, and

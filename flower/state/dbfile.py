@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..util.fsutil import set_aside
+
+if TYPE_CHECKING:
+    from .records import LedgerRow
 
 HEADER = b"SQLite format 3\x00"
 
@@ -113,6 +116,42 @@ def read_transcript(run_dir: str | Path, session_id: str) -> list[dict[str, Any]
     except sqlite3.Error:
         return []
     return [json.loads(r[0]) for r in rows]
+
+
+def read_tool_calls(run_dir: str | Path, session_id: str) -> list[LedgerRow]:
+    """The tool ledger's main-thread rows of ``session_id`` in ``<run_dir>/sessions.db``,
+    oldest first, read-only and without the SDK; [] when there is none (no file, or one
+    older than the ledger)."""
+    db = Path(run_dir) / "sessions.db"
+    if not db.exists():
+        return []
+    import sqlite3
+
+    from .records import LedgerRow
+
+    columns = (
+        "tool_use_id, session_id, agent_id, name, input, state, started_at, message,"
+        " response, content, is_error, ended_at"
+    )
+    try:
+        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = conn.execute(
+                f"SELECT {columns} FROM tool_calls"
+                " WHERE session_id = ? AND agent_id IS NULL ORDER BY started_at",
+                (session_id,),
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
+    names = [name.strip() for name in columns.split(",")]
+    out = []
+    for row in rows:
+        fields = dict(zip(names, row, strict=True))
+        fields["is_error"] = bool(fields["is_error"])
+        out.append(LedgerRow(**fields))
+    return out
 
 
 def _wal_has_frames(path: Path) -> bool:

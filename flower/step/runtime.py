@@ -25,9 +25,8 @@ from .._errors import ConfigError
 from ..agents.agent import AgentSpec
 from ..i18n import define, t
 from ..people.credentials import check_credentials, load_dotenv, lookup
-from ..state.backends import STATE_ENV, open_state
+from ..state.backends import STATE_ENV, RunState, open_state
 from ..state.lineage import Lineage
-from ..state.manifest import MANIFEST_NAME
 from ..state.registry import FlowerRecord, new_run_id, process_started, this_host
 from ..state.result import HANDOFF_DUE, INTERRUPTED, KILLED_BY_SIGNAL, StepResult
 from ..util.loops import call_on
@@ -83,7 +82,7 @@ class Runtime:
         resilience: Resilience | bool = True,
         handoff: HandoffPolicy | bool = True,
         placement: Placement | None = None,
-        state: Any = None,
+        state: RunState | str | None = None,
     ) -> None:
         self.workspace = Path(workspace).expanduser().resolve()
         self.run_dir = Path(run_dir).expanduser().absolute()
@@ -169,9 +168,7 @@ class Runtime:
     @property
     def manifest_path(self) -> Path | str:
         """Where manifest rows go: ``<run_dir>/manifest.json``, or the database's table."""
-        if self.state.kind == "local":
-            return self.run_dir / MANIFEST_NAME
-        return f"{self.state.where} (manifest)"
+        return self.state.manifest_where
 
     @property
     def project_key(self) -> str:

@@ -25,7 +25,7 @@ from ..docs.brief import Brief
 from ..docs.goal import Goal
 from ..i18n import define, t
 from ..people.human import HumanChannel
-from ..state.dbfile import has_transcript
+from ..state.backends import LocalState, RunState
 from ..state.lineage import Lineage
 from .base import Ctx, Step, Workflow
 from .goal import CLARIFY_RESUME, GOAL_KEY, clarify_step, goal_step, with_goal
@@ -65,7 +65,7 @@ def wake_state(
     isolate: bool = False,
     brief_name: str = "需求.md",
     goal_name: str = "目标.md",
-    state: Any = None,
+    state: RunState | None = None,
 ) -> dict[str, Any]:
     """Will the starter flow carry on last time here? A read-only probe: writes no byte.
     ``state``: the run state the start uses (None: the run_dir's files).
@@ -109,7 +109,7 @@ def starter_flow(
     brief_name: str = "需求.md",
     goal_name: str = "目标.md",
     log_name: str = "问答记录.md",
-    state: Any = None,
+    state: RunState | None = None,
 ) -> Workflow:
     """The three-step flow: 确认需求 → 设定目标 → 干活 (under the goal guard).
 
@@ -178,7 +178,7 @@ def archive(
     *,
     brief_name: str = "需求.md",
     goal_name: str = "目标.md",
-    state: Any = None,
+    state: RunState | None = None,
 ) -> Path:
     """``--new``: lineage.json (with shared ``state``, the database's lineage of the
     workspace) and the frozen brief and goal (in ``notes``) move together into
@@ -188,11 +188,11 @@ def archive(
     return lineage.archive(notes / ARCHIVE_DIR, extra=[notes / brief_name, notes / goal_name])
 
 
-def _lineage(workspace: Path, run_dir: str | Path, state: Any) -> Lineage:
+def _lineage(workspace: Path, run_dir: str | Path, state: RunState | None) -> Lineage:
     """The workspace's lineage, read (unchecked) from ``state``, or the run_dir's file."""
     if state is None:
         return Lineage.open(Path(run_dir).expanduser(), workspace)
-    lineage: Lineage = state.lineage()
+    lineage = state.lineage()
     lineage.load()
     return lineage
 
@@ -297,7 +297,7 @@ def _said_before(ctx: Ctx, said: str) -> bool:
     )
 
 
-def _clarifying(workspace: Path, run_dir: str | Path, state: Any = None) -> bool:
+def _clarifying(workspace: Path, run_dir: str | Path, state: RunState | None = None) -> bool:
     """A clarifier cut off before the brief was frozen is something to wake too: its session
     carries on with CLARIFY_RESUME (a person re-running a killed flower types nothing). Only
     if the store still has that session: else there is nothing to continue."""
@@ -305,12 +305,7 @@ def _clarifying(workspace: Path, run_dir: str | Path, state: Any = None) -> bool
     sid = _lineage(workspace, runs, state).steps.get(CLARIFY_STEP)
     if not sid:
         return False
-    if state is None or state.kind == "local":
-        return has_transcript(runs / "sessions.db", str(sid)) is not False
-    try:
-        return bool(state.sessions.has_session(None, str(sid)))
-    except Exception:  # noqa: BLE001 - a store that cannot answer is not a session gone
-        return True
+    return (state or LocalState(runs, workspace)).resumable(str(sid))
 
 
 def in_git(path: Path) -> bool:

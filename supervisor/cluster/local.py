@@ -255,8 +255,6 @@ def down(dir: Path, say: Any) -> None:
 
 
 def _start_servers(cluster: Cluster) -> None:
-    import psycopg
-
     from flower.services.postgres import start_postgres
     from flower.services.temporal import start_temporal
 
@@ -267,9 +265,7 @@ def _start_servers(cluster: Cluster) -> None:
     pg = start_postgres(cluster.dir / "postgres", durable=True)
     cluster.pg_dir = str(pg.dir)
     cluster.save()
-    with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    cluster.state = pg.url(DATABASE)
+    cluster.state = pg.create_database(DATABASE)
 
 
 def _start_worker(cluster: Cluster, n: int) -> Proc:

@@ -50,6 +50,7 @@ from typing import Any
 from flower import AttemptCrash, FlowerError
 from flower.agents.wire import to_wire
 from flower.i18n import define, t
+from flower.state.backends import RunState
 from flower.state.result import StepResult
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
@@ -324,7 +325,7 @@ class Pump:
 PLACEMENT_ENV = "FLOWER_PLACEMENT"
 
 
-def choose_placement(given: str | None, workspace: Path, state: Any) -> str | None:
+def choose_placement(given: str | None, workspace: Path, state: RunState) -> str | None:
     """Where this start places its attempts: ``--placement`` as given, else
     ``FLOWER_PLACEMENT`` as a start in ``workspace`` finds it (the environment, then the
     ``.env`` files of the credentials lookup order); None: forked children here.
@@ -343,7 +344,7 @@ def choose_placement(given: str | None, workspace: Path, state: Any) -> str | No
 
 def cluster_placement(
     url: str | None,
-    state: Any,
+    state: RunState,
     wf: Any,
     ask: Callable[[Ask], Awaitable[str | None]] | None,
     *,
@@ -370,10 +371,10 @@ def cluster_placement(
     )
 
 
-def _shared_state(state: Any) -> None:
-    if getattr(state, "kind", "local") == "local":
+def _shared_state(state: RunState) -> None:
+    if not state.shared:
         raise FlowerError(
-            t("remote.local_state", where=getattr(state, "where", "")),
+            t("remote.local_state", where=state.where),
             hint=t("remote.local_state.hint"),
         )
 
@@ -398,7 +399,7 @@ class TemporalPlacement:
     """Each attempt a Temporal activity on ``where``'s queue; see the module docstring."""
 
     where: Where
-    state: Any  # the run state (PostgreSQL): the mailboxes are its event rows
+    state: RunState  # the run state (PostgreSQL): the mailboxes are its event rows
     flow: dict[str, Any]
     ask: Callable[[Ask], Awaitable[str | None]] | None = None
     store: dict[str, Any] = field(default_factory=dict)  # the Runtime's trim, keep_denials
@@ -436,8 +437,8 @@ class TemporalPlacement:
 
     def _mailbox(self, activity_id: str) -> Mailbox:
         if self._pump is None:
-            self._pump = Pump(self.state.rows.events)
-        return Mailbox(self.state.rows.events, activity_id, self._pump)
+            self._pump = Pump(self.state.mailboxes)
+        return Mailbox(self.state.mailboxes, activity_id, self._pump)
 
     def _next_id(self, call: StepCall, run: str) -> str:
         n = self._sent.get(call.label, 0) + 1

@@ -39,6 +39,7 @@ from typing import Any
 from flower import FlowerError
 from flower.agents.wire import from_wire
 from flower.i18n import define, t
+from flower.state.backends import RunState
 from flower.state.result import Event, StepResult, jsonable
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
@@ -145,7 +146,7 @@ class Attempts:
 
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
-        self._states: dict[tuple[str, str], Any] = {}
+        self._states: dict[tuple[str, str], RunState] = {}
         self._stores: dict[tuple[str, str, bool, int], Any] = {}
         self._flows: dict[str, Any] = {}
         self._told: set[tuple[str, str]] = set()  # refusals said in a mailbox already
@@ -174,7 +175,7 @@ class Attempts:
             return ws, t("worker.wrong_workspace", path=ws, found=found, want=order.workspace_id)
         return ws, ""
 
-    def state_for(self, ws: Path, run_dir: Path) -> Any:
+    def state_for(self, ws: Path, run_dir: Path) -> RunState:
         from flower.state.backends import open_state
 
         key = (str(ws), str(run_dir))
@@ -184,7 +185,7 @@ class Attempts:
             )
         return self._states[key]
 
-    def store_for(self, state: Any, ws: Path, seat: dict[str, Any]) -> Any:
+    def store_for(self, state: RunState, ws: Path, seat: dict[str, Any]) -> Any:
         from flower.state.stores import layered
 
         trim, keep = bool(seat.get("trim")), int(seat.get("keep_denials") or 1)
@@ -247,10 +248,10 @@ class Attempts:
         except Exception:  # the refusal itself must still happen
             log.debug("could not tell the supervisor about a refusal", exc_info=True)
 
-    def mailbox(self, state: Any, activity_id: str) -> Mailbox:
+    def mailbox(self, state: RunState, activity_id: str) -> Mailbox:
         if self._pump is None:
-            self._pump = Pump(state.rows.events)
-        return Mailbox(state.rows.events, activity_id, self._pump)
+            self._pump = Pump(state.mailboxes)
+        return Mailbox(state.mailboxes, activity_id, self._pump)
 
     # -- the activity ------------------------------------------------------------------
 
@@ -471,12 +472,10 @@ def _earlier_try(mailbox: Mailbox) -> tuple[bool, str | None, dict[str, Any] | N
     return ran, sid, ended
 
 
-def _resumable(state: Any, sid: str) -> bool:
-    """Can the CLI resume ``sid`` from the run state (a database that cannot say: yes)?"""
-    try:
-        return bool(state.sessions.has_session(None, sid))
-    except Exception:  # noqa: BLE001 - try it; the CLI's refusal starts the step afresh
-        return True
+def _resumable(state: RunState, sid: str) -> bool:
+    """Can the CLI resume ``sid`` from the run state (a database that cannot say: yes; the
+    CLI's refusal starts the step afresh)?"""
+    return state.resumable(sid)
 
 
 def _fresh(label: str, sid: str) -> EventMsg:
@@ -524,7 +523,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     # line of its own for each instead.
     logging.getLogger("temporalio").setLevel(logging.ERROR)
     probe = open_state(cfg.state, run_dir=Path.cwd() / "runs", workspace=Path.cwd(), create=False)
-    if probe.kind == "local":
+    if not probe.shared:
         raise FlowerError(t("worker.local_state"), hint=t("worker.local_state.hint"))
     where = probe.where
     probe.close()

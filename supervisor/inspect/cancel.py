@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from flower import FlowerError
 from flower.i18n import define, t
+from flower.state.backends import RunState
 from flower.state.registry import FlowerRecord, is_alive, this_host
 
 define(
@@ -27,12 +27,8 @@ define(
             "no flower run {run!r} in {where}",
         ),
         "cancel.unknown.hint": (
-            "flower-super status -r 运行目录 会列出那里的运行",
-            "flower-super status -r RUN_DIR lists the runs there",
-        ),
-        "cancel.unknown.shared.hint": (
-            "flower-super status -w 工作区 会列出那个工作区的运行",
-            "flower-super status -w WORKSPACE lists that workspace's runs",
+            "flower-super status {option} {label} 会列出那里的运行",
+            "flower-super status {option} {label} lists the runs there",
         ),
         "cancel.elsewhere": (
             "运行 {run} 在另一台机器 {host} 上跑(pid {pid}),从这里发不了信号",
@@ -84,15 +80,16 @@ class Cancelled:
     stopped: bool  # the process is gone (False: still there after STOP_WAIT_S)
 
 
-def find_run(state: Any, run: str) -> FlowerRecord:
+def find_run(state: RunState, run: str) -> FlowerRecord:
     """The record ``run`` names (a run id or a unique prefix) in ``state``'s registry, or a
     FlowerError."""
     records: list[FlowerRecord] = state.registry.records()
     exact = [r for r in records if r.run == run]
     matches = exact or [r for r in records if r.run.startswith(run)]
     if not matches:
-        hint = "cancel.unknown.hint" if state.kind == "local" else "cancel.unknown.shared.hint"
-        raise FlowerError(t("cancel.unknown", run=run, where=state.where), hint=t(hint))
+        scope = state.scope
+        hint = t("cancel.unknown.hint", option=scope.option, label=scope.label)
+        raise FlowerError(t("cancel.unknown", run=run, where=state.where), hint=hint)
     if len(matches) > 1:
         names = ", ".join(r.run for r in matches[:4])
         raise FlowerError(
@@ -102,7 +99,7 @@ def find_run(state: Any, run: str) -> FlowerRecord:
     return matches[0]
 
 
-def cancel(state: Any, run: str, *, wait_s: float = STOP_WAIT_S) -> Cancelled:
+def cancel(state: RunState, run: str, *, wait_s: float = STOP_WAIT_S) -> Cancelled:
     """SIGTERM the live flower ``run`` names and wait for it to go."""
     import signal  # only to send it: show and logs import this module for find_run
 

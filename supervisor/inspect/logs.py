@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from flower import FlowerError
 from flower.i18n import define, t
+from flower.state.backends import RunState
 from flower.state.registry import RUNNING, FlowerRecord, state_of
 from flower.util.sanitize import clean
 from supervisor.inspect.cancel import find_run
@@ -80,7 +81,7 @@ define(
 )
 
 
-def pick_run(state: Any, run: str | None) -> FlowerRecord:
+def pick_run(state: RunState, run: str | None) -> FlowerRecord:
     """The record ``run`` names (cancel's resolution), or the latest run's."""
     if run is not None:
         return find_run(state, run)
@@ -90,7 +91,7 @@ def pick_run(state: Any, run: str | None) -> FlowerRecord:
     return records[-1]
 
 
-def is_live(state: Any, run: str) -> bool:
+def is_live(state: RunState, run: str) -> bool:
     """Is the flower of ``run`` still running (as status and cancel judge it)?"""
     record = state.registry.get(run)
     return record is not None and record.state == RUNNING and record.alive
@@ -215,7 +216,7 @@ def _short(value: Any) -> str:
 # -- the command -----------------------------------------------------------------------
 
 
-def run(run: str | None, follow_: bool, state: Any) -> None:
+def run(run: str | None, follow_: bool, state: RunState) -> None:
     """``flower-super logs`` (declared in supervisor/cli.py)."""
     record = pick_run(state, run)  # FlowerError: cli.py makes it one line
     try:
@@ -224,7 +225,7 @@ def run(run: str | None, follow_: bool, state: Any) -> None:
         sys.exit(130)
 
 
-def _print(state: Any, record: FlowerRecord, follow_: bool) -> int:
+def _print(state: RunState, record: FlowerRecord, follow_: bool) -> int:
     def live() -> bool:
         return follow_ and is_live(state, record.run)
 

@@ -19,10 +19,9 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from flower.i18n import define
-from flower.state.backends import STATE_ENV, open_state
+from flower.state.backends import STATE_ENV, RunState, open_state
 
 define(
     {
@@ -87,7 +86,7 @@ def choose(given: str | None, workspace: str | Path | None) -> Choice:
     return Choice((lookup(STATE_ENV, workspace) or "").strip(), False)
 
 
-def open_chosen(choice: Choice, *, run_dir: Path, workspace: Path, create: bool) -> Any:
+def open_chosen(choice: Choice, *, run_dir: Path, workspace: Path, create: bool) -> RunState:
     """The run state ``choice`` names (:func:`flower.state.backends.open_state`): a URL that
     is not PostgreSQL's, a refused password, a database that is missing or down, a schema
     from a newer flower are each one FlowerError line with a hint. ``create=False`` (the
@@ -100,7 +99,7 @@ class Seen:
     """What a command that only looks was pointed at: the run state (opened, never
     creating anything), how it was chosen, and the run directory and workspace."""
 
-    state: Any
+    state: RunState
     chosen: Choice
     run_dir: Path
     workspace: Path
@@ -109,13 +108,7 @@ class Seen:
         """What a printed inspection command repeats so that it looks at the same state:
         ``-r DIR`` (local, when not ./runs here), ``-w DIR`` (shared, when not here) and
         ``--state URL`` when it was given on the command line (never with a password)."""
-        out: list[str] = []
-        if self.state.kind == "local":
-            if self.run_dir != (Path.cwd() / "runs").absolute():
-                out += ["-r", str(self.run_dir)]
-        elif self.workspace != Path.cwd().resolve():
-            out += ["-w", str(self.workspace)]
-        return out + self.chosen.resume_args()
+        return self.state.scope.args() + self.chosen.resume_args()
 
 
 @contextlib.contextmanager

@@ -41,14 +41,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flower import FlowerError
 from flower.i18n import define, t
+from flower.state.backends import RunState
 from flower.state.lineage import bare_name
 from flower.state.registry import RUNNING, FlowerRecord, state_of
-from flower.state.stores import SESSIONS_DB
 from flower.step.events import (
     NO_RESPONSE,
     cut_kind,
@@ -149,11 +148,6 @@ define(
             "它刚启动的话,过一会儿再看",
             "if it has just started, look again in a moment",
         ),
-        "show.damaged": ("{db} 读不了:{why}", "{db} cannot be read: {why}"),
-        "show.damaged.hint": (
-            "flower-super status 会说明它怎么了",
-            "flower-super status says what is wrong with it",
-        ),
     }
 )
 
@@ -192,7 +186,7 @@ class _State:
         return [r for r in self.records if r.state == RUNNING and r.alive]
 
 
-def resolve(state: Any, what: str | None) -> Selection:
+def resolve(state: RunState, what: str | None) -> Selection:
     """What ``show`` shows for ``what`` in the run ``state`` (see the module docstring);
     FlowerError if nothing."""
     st = _State(
@@ -272,22 +266,15 @@ def _target(st: _State, sid: str, label: str | None = None) -> Target:
 # -- reading a conversation ------------------------------------------------------------
 
 
-def conversation(state: Any, session_id: str) -> list[dict[str, Any]]:
-    """The turns of ``session_id``'s main transcript, in order, as plain dicts."""
-    if state.kind != "local":
-        key = {"project_key": state.workspace_id, "session_id": session_id}
-        entries = state.sessions.load_sync(key) or []
-        calls = {row.tool_use_id: row for row in state.ledger.in_session(session_id, 0.0)}
-        ledger = {tid: _ledger_row(r.state, r.content, r.is_error) for tid, r in calls.items()}
-        return _paired(_turns(entries), ledger)
-    from flower.state.dbfile import damage, read_transcript
-
-    db = state.run_dir / SESSIONS_DB
-    why = damage(db)
-    if why:
-        raise FlowerError(t("show.damaged", db=db, why=why), hint=t("show.damaged.hint"))
-    turns = _turns(read_transcript(state.run_dir, session_id))
-    return _paired(turns, _ledger(db, session_id))
+def conversation(state: RunState, session_id: str) -> list[dict[str, Any]]:
+    """The turns of ``session_id``'s main transcript, in order, as plain dicts, each tool
+    call paired with its result and the ledger's state of it."""
+    turns = _turns(state.transcript(session_id))
+    ledger = {
+        r.tool_use_id: _ledger_row(r.state, r.content, r.is_error)
+        for r in state.tool_calls(session_id)
+    }
+    return _paired(turns, ledger)
 
 
 def _turns(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -423,30 +410,6 @@ def _result(tid: str, tool: str, content: Any, block: dict[str, Any]) -> dict[st
     if cut is not None:  # the CLI filled the result in: the call was cut off
         turn["cut"] = cut
     return turn
-
-
-def _ledger(db: Path, session_id: str) -> dict[str, dict[str, Any]]:
-    """The tool ledger's rows of ``session_id`` (flower.state.ledger), read-only; {} when
-    there is none (an older sessions.db, or no file)."""
-    import sqlite3
-
-    if not db.exists():
-        return {}
-    try:
-        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
-        try:
-            rows = conn.execute(
-                "SELECT tool_use_id, state, content, is_error FROM tool_calls"
-                " WHERE session_id = ? AND agent_id IS NULL",
-                (session_id,),
-            ).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return {}
-    return {
-        str(tid): _ledger_row(state, content, is_error) for tid, state, content, is_error in rows
-    }
 
 
 def _ledger_row(state: str, content: str | None, is_error: Any) -> dict[str, Any]:
@@ -632,7 +595,7 @@ def _wrapped(text: str, width: int) -> list[str]:
     return out or [""]
 
 
-def render(state: Any, sel: Selection, width: int) -> str:
+def render(state: RunState, sel: Selection, width: int) -> str:
     lines: list[str] = []
     if sel.run is not None:
         r = sel.run
@@ -645,7 +608,7 @@ def render(state: Any, sel: Selection, width: int) -> str:
     return "\n".join(lines)
 
 
-def document(state: Any, sel: Selection) -> dict[str, Any]:
+def document(state: RunState, sel: Selection) -> dict[str, Any]:
     """The ``--json`` document: one step, or a run with its steps."""
     steps = [_step_doc(state, target) for target in sel.targets]
     if sel.run is None:
@@ -660,7 +623,7 @@ def document(state: Any, sel: Selection) -> dict[str, Any]:
     }
 
 
-def _step_doc(state: Any, target: Target) -> dict[str, Any]:
+def _step_doc(state: RunState, target: Target) -> dict[str, Any]:
     live = target.live
     return {
         "step": target.labels[0] if target.labels else None,
@@ -683,7 +646,7 @@ def terminal_width() -> int:
 # -- the command -----------------------------------------------------------------------
 
 
-def run(what: str | None, state: Any, as_json: bool) -> None:
+def run(what: str | None, state: RunState, as_json: bool) -> None:
     """``flower-super show`` (declared in supervisor/cli.py, so --help imports none of this)."""
     sel = resolve(state, what)  # FlowerError: cli.py makes it one line
     if as_json:

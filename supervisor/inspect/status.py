@@ -18,12 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flower import FlowerError
 from flower.i18n import define, t
-from flower.state import lineage, manifest
-from flower.state.dbfile import damage as db_damage
-from flower.state.dbfile import has_transcripts
-from flower.state.eventlog import events_path
 from flower.state.registry import (
     FAILED,
     FINISHED,
@@ -31,11 +26,9 @@ from flower.state.registry import (
     RESUMABLE,
     RUNNING,
     FlowerRecord,
-    Registry,
     state_of,
 )
 from flower.state.reuse import report_lines, summary
-from flower.state.stores import SESSIONS_DB
 from supervisor.inspect.runstate import Seen, lacks_password
 
 LAST_ROWS = 10
@@ -101,16 +94,6 @@ define(
         "status.unfinished": (
             "有没做完的:运行已停 flower 下面列出的命令就能接着做",
             "unfinished: run the command shown under a dead flower to carry it on",
-        ),
-        "status.is_file": ("{path} 是文件,不是运行目录", "{path} is a file, not a run directory"),
-        "status.is_file.hint": (
-            "用 -r 指定 flower 运行时用的目录(默认 ./runs)",
-            "pass -r with the directory flower ran in (default ./runs)",
-        ),
-        "status.no_dir": ("{path} 没有运行目录", "no run directory at {path}"),
-        "status.no_dir.hint": (
-            "在启动 flower 的目录里运行,或用 -r DIR 指定",
-            "run from the directory you started flower in, or pass -r DIR",
         ),
     }
 )
@@ -184,81 +167,26 @@ class Report:
 def collect(seen: Seen) -> Report:
     """What ``status`` reports of the run state ``seen`` looks at."""
     st = seen.state
-    if st.kind == "local":
-        return _collect_local(seen)
+    st.present()
     doc = st.peek_lineage()
+    steps = dict(doc.get("steps") or {})
     records = st.registry.records()
     views = [_view(r, records, seen) for r in records]
+    problems = st.problems(steps)
+    # a manifest a start would set aside is not read: its rows are what is wrong with it
+    torn = any(p["file"] == str(st.manifest_where) for p in problems)
+    rows = [] if torn else st.manifest_rows()
     return Report(
         seen.run_dir,
-        doc.get("workspace") or str(seen.workspace),
+        doc.get("workspace") or (str(seen.workspace) if st.shared else None),
         int(doc.get("woke") or 0),
-        dict(doc.get("steps") or {}),
-        views,
-        st.manifest_rows()[-LAST_ROWS:],
-        state=st.where,
-    )
-
-
-def _collect_local(seen: Seen) -> Report:
-    st, run_dir = seen.state, seen.run_dir
-    if run_dir.exists() and not run_dir.is_dir():
-        raise FlowerError(t("status.is_file", path=run_dir), hint=t("status.is_file.hint"))
-    if not run_dir.is_dir():
-        raise FlowerError(t("status.no_dir", path=run_dir), hint=t("status.no_dir.hint"))
-    doc = st.peek_lineage()
-    registry = st.registry
-    records = registry.records()
-    views = [_view(r, records, seen) for r in records]
-    problems = _damaged(run_dir, registry, dict(doc.get("steps") or {}))
-    rows = (
-        []
-        if any(p["file"].endswith(manifest.MANIFEST_NAME) for p in problems)
-        else st.manifest_rows()
-    )
-    return Report(
-        run_dir,
-        doc.get("workspace"),
-        int(doc.get("woke") or 0),
-        dict(doc.get("steps") or {}),
+        steps,
         views,
         rows[-LAST_ROWS:],
         problems,
-        _set_aside(run_dir, registry),
+        st.set_aside(),
+        state=st.where if st.shared else None,
     )
-
-
-def _damaged(run_dir: Path, registry: Registry, steps: dict[str, str]) -> list[dict[str, str]]:
-    """Every run-state file that a start would set aside or start fresh from, and why."""
-    db = run_dir / SESSIONS_DB
-    db_problem = db_damage(db)
-    found = [
-        (run_dir / lineage.LINEAGE_NAME, lineage.damage(run_dir)),
-        (run_dir / manifest.MANIFEST_NAME, manifest.damage(run_dir)),
-        (db, db_problem),
-        *((path, "is not a flower record") for path in registry.damaged()),
-    ]
-    if not db_problem:
-        # A store that cannot be asked (None) is not a session that is gone: status reports
-        # what it knows. Unlike a start it does not know the workspace's project key: any
-        # project counts.
-        stored = has_transcripts(db, steps.values())
-        gone = [f"{name!r} ({sid})" for name, sid in steps.items() if stored[sid] is False]
-        if gone:
-            why = f"names sessions that {SESSIONS_DB} does not have, for step {', '.join(gone)}"
-            found.append((run_dir / lineage.LINEAGE_NAME, why))
-    return [{"file": str(path), "problem": why} for path, why in found if why]
-
-
-def _set_aside(run_dir: Path, registry: Registry) -> list[str]:
-    out: list[str] = []
-    for where in (run_dir, registry.dir):
-        try:
-            names = sorted(p.name for p in where.iterdir())
-        except OSError:
-            continue
-        out += [str(where / n) for n in names if ASIDE.search(n)]
-    return out
 
 
 def _view(r: FlowerRecord, everyone: list[FlowerRecord], seen: Seen) -> FlowerView:
@@ -281,7 +209,7 @@ def commands(r: FlowerRecord, live: bool, seen: Seen) -> list[str]:
         out.append(["show", r.run])
     if live:
         out += [["logs", "-f", r.run], ["cancel", r.run]]
-    elif seen.state.kind != "local" or events_path(seen.run_dir, r.run).exists():
+    elif seen.state.has_events(r.run):
         out.append(["logs", r.run])
     return [shlex.join(["flower-super", *c, *where]) for c in out]
 

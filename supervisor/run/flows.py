@@ -20,7 +20,7 @@ import flower
 from flower import ConfigError, RunDirBusy
 from flower.i18n import define, t
 from flower.people.credentials import check_credentials, load_dotenv
-from flower.state.backends import open_state
+from flower.state.backends import RunState, open_state
 from flower.workflow import Workflow
 from flower.workflow.starter import starter_flow
 from flower.workflow.verify import check
@@ -77,13 +77,8 @@ define(
         ),
         "flow.new_needs_ask.hint": ('flower --new "另一件事"', 'flower --new "something else"'),
         "flow.new_busy": (
-            "运行目录 {run_dir} 正被 flower pid {pid} 用着;--new 会把它的 lineage.json 挪走",
-            "run_dir {run_dir} is in use by flower pid {pid}; --new would move its "
-            "lineage.json away",
-        ),
-        "flow.new_busy.shared": (
-            "这个工作区正被 flower pid {pid}(在 {host} 上)用着;--new 会把它的血缘归档",
-            "this workspace is in use by flower pid {pid} (on {host}); --new would archive "
+            "{label} {where} 正被 flower pid {pid}(在 {host} 上)用着;--new 会把它的血缘归档",
+            "{label} {where} is in use by flower pid {pid} (on {host}); --new would archive "
             "its lineage",
         ),
         "flow.new_busy.hint": (
@@ -107,7 +102,7 @@ def starter(
     clarify_only: bool = False,
     judge_can_run: bool = False,
     max_asks: int | None = None,
-    state: Any = None,
+    state: RunState | None = None,
 ) -> Workflow:
     """The starter flow a bare ``flower-super start`` runs; its refusals are one line.
 
@@ -147,7 +142,9 @@ def starter(
     return wf
 
 
-def _check_before_archiving(ask: str, workspace: Path, run_dir: Path, state: Any) -> None:
+def _check_before_archiving(
+    ask: str, workspace: Path, run_dir: Path, state: RunState | None
+) -> None:
     if not ask.strip():
         raise ConfigError(t("flow.new_needs_ask"), hint=t("flow.new_needs_ask.hint"))
     load_dotenv(workspace, Path.cwd())
@@ -155,18 +152,19 @@ def _check_before_archiving(ask: str, workspace: Path, run_dir: Path, state: Any
     refuse_new_while_live(state or open_state("", run_dir=run_dir, workspace=workspace))
 
 
-def refuse_new_while_live(state: Any) -> None:
+def refuse_new_while_live(state: RunState) -> None:
     """``--new`` moves the lineage away: not while a live flower uses it (the run_dir's, or
     with shared state the workspace's)."""
-    if state.kind == "local" and not state.run_dir.is_dir():
-        return
     live = state.registry.live()
     if not live:
         return
-    if state.kind == "local":
-        message = t("flow.new_busy", run_dir=state.run_dir, pid=live[0].pid)
-    else:
-        message = t("flow.new_busy.shared", pid=live[0].pid, host=live[0].host or "?")
+    message = t(
+        "flow.new_busy",
+        where=state.where,
+        label=state.scope.label,
+        pid=live[0].pid,
+        host=live[0].host or "?",
+    )
     raise RunDirBusy(message, hint=t("flow.new_busy.hint"))
 
 

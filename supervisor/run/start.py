@@ -26,6 +26,7 @@ from typing import Any
 
 from flower import Runtime, Workbench
 from flower.i18n import define, t
+from flower.state.backends import RunState
 from flower.state.registry import INTERRUPTED, KILLED
 from flower.state.reuse import report_lines
 from flower.step.proctree import PROCS
@@ -108,7 +109,7 @@ class StartArgs:
     workbench: Any = None
     # Runtime(state=...): the run state the command chose and opened (supervisor.inspect.runstate);
     # None = FLOWER_STATE as the Runtime finds it, else the run_dir's files
-    state: Any = None
+    state: RunState | None = None
     # Where attempts run, chosen and built before anything starts: None = forked here (one
     # child per attempt); a cluster's placement (the CLIs build it with
     # supervisor.cluster.remote.cluster_placement from --placement / FLOWER_PLACEMENT)
