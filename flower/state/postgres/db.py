@@ -41,6 +41,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_result,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from ..._errors import FlowerError
 from ...i18n import define, t
@@ -136,6 +143,25 @@ define(
 CONNECT_TIMEOUT_S = 3  # libpq's own minimum is 2 s; a refused connection fails at once
 PROBE_FIRST_S = 0.1  # the spool's deliverer retries after this, doubling...
 PROBE_MAX_S = 2.0  # ...up to this
+# The pause before the n-th look at a database that is down (tenacity's wait strategy).
+PROBE_WAIT = wait_exponential(multiplier=PROBE_FIRST_S, min=PROBE_FIRST_S, max=PROBE_MAX_S)
+
+
+class _Probes:
+    """The deliverer's pauses between looks at a database that is down: ``PROBE_WAIT``
+    counted over the looks that failed since the last one that delivered."""
+
+    def __init__(self) -> None:
+        self._state = RetryCallState(Retrying(), None, (), {})
+
+    def pause(self) -> None:
+        time.sleep(PROBE_WAIT(self._state))
+        self._state.attempt_number += 1
+
+    def reset(self) -> None:
+        self._state.attempt_number = 1
+
+
 DELIVER_BATCH = 64  # records delivered per hold of the lock (writers queue meanwhile)
 # Commits do not wait for the server's WAL flush (its fsync): the SQLite store's choice
 # (synchronous=NORMAL) in PostgreSQL's terms. A commit is in the server before the call
@@ -394,9 +420,9 @@ class Database:
         A spool the database refuses for another reason than being down is kept for a
         later process (:meth:`_install`'s warning) and not waited for."""
         directory = spool_dir(self.url.database_key)
-        deadline = time.monotonic() + max(0.0, timeout)
-        pause = PROBE_FIRST_S
-        while True:
+
+        def look() -> bool | None:
+            """True: nothing left; False: nothing to wait for; None: down, look again."""
             with self.lock:
                 if self._pid != os.getpid():
                     self._forked()
@@ -418,14 +444,24 @@ class Database:
                             return False
                         raise failure from None
                 except StateUnavailable:
-                    pass  # down: wait and look again
+                    return None  # down: wait and look again
                 except FlowerError:
                     return False  # a database this process cannot use: nothing to wait for
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, PROBE_MAX_S)
+            return None
+
+        timeout = max(0.0, timeout)
+
+        def wait(state: RetryCallState) -> float:  # the last look comes at the deadline
+            return min(PROBE_WAIT(state), max(0.0, timeout - (state.seconds_since_start or 0)))
+
+        looks = Retrying(
+            retry=retry_if_result(lambda done: done is None),
+            wait=wait,
+            stop=stop_after_delay(timeout),
+            retry_error_callback=lambda _: False,
+            sleep=time.sleep,
+        )
+        return bool(looks(look))
 
     # ---- reading and writing ---------------------------------------------------------
 
@@ -506,7 +542,7 @@ class Database:
 
     def _deliver_loop(self, pid: int) -> None:
         """Until this process's spool is delivered: probe, then deliver in batches."""
-        pause = PROBE_FIRST_S
+        probes = _Probes()
         while os.getpid() == pid:
             with self.lock:
                 if self._spool is None:
@@ -518,8 +554,7 @@ class Database:
                 try:
                     made = self._connect()  # outside the lock: it can take a while
                 except FlowerError:
-                    time.sleep(pause)
-                    pause = min(pause * 2, PROBE_MAX_S)
+                    probes.pause()
                     continue
                 installed = True
                 spare: Conn | None = made
@@ -531,14 +566,12 @@ class Database:
                 if spare is not None:
                     spare.close()
                 if not installed:
-                    time.sleep(pause)
-                    pause = min(pause * 2, PROBE_MAX_S)
+                    probes.pause()
                     continue
             if self._deliver_some():
-                pause = PROBE_FIRST_S
+                probes.reset()
                 continue
-            time.sleep(pause)
-            pause = min(pause * 2, PROBE_MAX_S)
+            probes.pause()
 
     def _reinstall(self, conn: Conn) -> bool:
         """The deliverer's new connection after an outage, installed as every connection
