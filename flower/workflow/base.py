@@ -321,7 +321,9 @@ class _Run:
         with registry.locked():  # check-then-register is one step for concurrent starts
             refuse_live_conflict(registry, names, exclude=rt.run_id)
             registry.set_aside_damaged()
-            rt.begin_flow(wf.name, names, command=command)
+            ask = self.ctx.get("_ask")
+            ask = ask if isinstance(ask, str) else None
+            rt.begin_flow(wf.name, names, command=command, ask=ask)
         try:
             woke = lineage.bump(names if wf.continuous else ())
         except BaseException:
