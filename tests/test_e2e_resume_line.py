@@ -78,8 +78,8 @@ def locked_url(pg_server: str, pg_dsn: str) -> Iterator[str]:
     url = pg_dsn.replace("://postgres@", f"://{role}:{PASSWORD}@")
     assert url != pg_dsn, pg_dsn
     try:
-        with pytest.raises(psycopg.OperationalError, match="password"):
-            psycopg.connect(pg_dsn.replace("://postgres@", f"://{role}@"), connect_timeout=10)
+        # The server rereads pg_hba.conf on its own time after the reload signal.
+        wait_until(lambda: _refused(pg_dsn.replace("://postgres@", f"://{role}@")), 10, "hba")
         yield url
     finally:
         hba.write_text(hba.read_text().replace(ours, ""))
@@ -88,6 +88,16 @@ def locked_url(pg_server: str, pg_dsn: str) -> Iterator[str]:
             conn.execute(f"DROP OWNED BY {role}")
         with psycopg.connect(pg_server, autocommit=True) as admin:
             admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def _refused(url: str) -> bool:
+    """Is a connection to ``url`` (no password) refused for want of one?"""
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.OperationalError as exc:
+        assert "password" in str(exc), exc
+        return True
+    return False
 
 
 def _reload(pg_server: str) -> None:

@@ -92,8 +92,9 @@ class Choice:
     given: bool
 
     def resume_args(self) -> list[str]:
-        """What a resume or inspection command repeats of it: ``--state URL`` (without a
-        password) when it was given on the command line, else nothing."""
+        """What a printed inspection command (show, logs, cancel) repeats of it: ``--state
+        URL`` (without a password) when it was given on the command line, else nothing. A
+        resume command keeps :meth:`carry_args` instead."""
         if not self.given:
             return []
         return ["--state", without_password(self.url) if self.url else ""]
