@@ -8,7 +8,8 @@ for the first step again, and exits 0. Both backends: local files, and PostgreSQ
 the command line by a URL with the password of a role that needs it.
 
 A bare ``start --flow F`` after such a kill carries on with the recorded words (and says so
-in one line); other words say in one ``!`` line that they changed, and the steps start over.
+in one line), on both backends (PostgreSQL through ``FLOWER_STATE``); other words say in one
+``!`` line that they changed, and the steps start over.
 """
 
 from __future__ import annotations
@@ -201,11 +202,18 @@ def test_the_resume_line_run_as_printed_carries_the_run_on(
     assert code == 0, text
 
 
+@pytest.fixture(params=STATES)
+def state_env(request: pytest.FixtureRequest) -> str | None:
+    """Where the flower keeps its run state: None (local files), or a PostgreSQL database
+    of the test's own named by ``FLOWER_STATE`` (tests/e2e_pg.py)."""
+    return request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
+
+
 def test_a_bare_start_carries_on_with_the_recorded_words(
-    model_server: Any, flower_env: Any
+    model_server: Any, flower_env: Any, state_env: str | None
 ) -> None:
     server: ModelServer = model_server(script())
-    f: Flower = flower_env(server)
+    f: Flower = flower_env(server, state=state_env)
     sid, killed_at = killed_in_second(f, server, WORDS)
     (dead,) = [r for r in f.status_json()[1]["flowers"]]
 
