@@ -50,6 +50,7 @@ WEIGHT = {
     "test_e2e_flower.py": 53,
     "test_e2e_kill.py": 100,  # every drill twice: local state, then FLOWER_STATE on PostgreSQL
     "test_e2e_starter.py": 44,
+    "test_e2e_resume_line.py": 60,  # five kill -9s, two on PostgreSQL, each carried on
     "test_e2e_unstored.py": 105,  # kills before the prompt is stored, both backends
     "test_e2e_roles.py": 35,
     "test_e2e_cli.py": 27,

@@ -167,6 +167,45 @@ def test_a_resume_command_keeps_a_given_state_without_its_password(
     assert "PGPASSWORD" in text.splitlines()[text.splitlines().index(resume) + 1]
 
 
+def test_a_resume_command_takes_a_given_password_from_flower_state(
+    pg_dsn: str, tmp_path: Path, en: None
+) -> None:
+    """A start given ``--state`` with a password keeps it masked in its command; status
+    prints ``--state "${FLOWER_STATE:?}"`` and, beside it, the export line (masked)."""
+    url = pg_dsn.replace("postgres@", f"postgres:{SECRET}@")
+    masked = pg_dsn.replace("postgres@", "postgres:***@")
+    given = choose(url, tmp_path)
+    assert given.carry_args() == ["--state", masked]
+    assert choose(None, tmp_path).carry_args() == []  # from the environment: found there again
+    assert choose(pg_dsn, tmp_path).carry_args() == ["--state", pg_dsn]  # no password: as is
+    st = shared(pg_dsn, tmp_path / "ws")
+    command = ["flower-super", "start", "--flow", "f.py:x", "-w", str(st.workspace)]
+    command += [*given.carry_args(), "fix it"]
+    record(st, "20260101-000000-aaaaa1", state="killed", command=command, session_id="s")
+    try:
+        report = status.collect(seen(st, given=url))
+        text = status.render_text(report)
+    finally:
+        st.close()
+    assert SECRET not in text and SECRET not in json.dumps(report.to_json())
+    lines = text.splitlines()
+    resume = next(line for line in lines if "resume:" in line)
+    assert resume.endswith(f"-w {st.workspace} --state \"${{FLOWER_STATE:?}}\" 'fix it'")
+    assert lines[lines.index(resume) + 1].startswith(
+        f"      first: export FLOWER_STATE='{masked}'  # *** is the password"
+    )
+    (view,) = report.to_json()["flowers"]
+    assert view["resume"] == resume.split(": ", 1)[1].split(" && ", 1)[1]
+    assert view["resume_export"] == f"'{masked}'"
+
+
+def test_a_record_without_the_words_field_still_loads() -> None:
+    """Records written before ``ask`` was kept load, with no words."""
+    old = {"run": "r", "flow": "two", "pid": 1, "pid_started": None, "workspace": "/w"}
+    rec = FlowerRecord.from_dict({**old, "started_at": 1.0, "command": ["flower-super"]})
+    assert rec.ask is None and rec.command == ["flower-super"]
+
+
 # -- show, logs, cancel -------------------------------------------------------------------
 
 

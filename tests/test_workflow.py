@@ -263,6 +263,35 @@ def test_reused_steps_stay_reused_across_repeated_crashes(tmp_path):
     assert labels(rt3) == ["b"]
 
 
+def test_the_reuse_report_says_never_ran_only_of_a_step_that_never_ran(tmp_path):
+    """A step that ran in an earlier run without completing says it ran before, not
+    finished; after a finished run every step ran before; only c, never reached until
+    the third run, "never ran"."""
+    prompt = {"a": "version 1"}
+    wf = Workflow(
+        [Step("a", SPEC, lambda ctx: prompt["a"]), Step("b", SPEC, "b"), Step("c", SPEC, "c")]
+    )
+
+    def whys(ctx: dict[str, Any]) -> dict[str, str]:
+        return {e["step"]: e["why"]["key"] for e in ctx["_reuse"]}
+
+    ctx = run(wf, FakeRuntime(tmp_path, {"b": ["boom"]}))
+    assert whys(ctx) == {"a": "memo.why.never", "b": "memo.why.never"}
+    prompt["a"] = "version 2"  # a changes and fails: the run stops before b
+    ctx = run(wf, FakeRuntime(tmp_path, {"a": ["boom"]}))
+    assert whys(ctx) == {"a": "memo.why.changed"}
+    rt = FakeRuntime(tmp_path)
+    ctx = run(wf, rt)
+    assert labels(rt) == ["a", "b", "c"]
+    assert whys(ctx) == {
+        "a": "memo.why.unfinished",  # the step the last run stopped in
+        "b": "memo.why.ran_unfinished",  # ran two runs ago, never completed
+        "c": "memo.why.never",
+    }
+    ctx = run(wf, FakeRuntime(tmp_path))  # after a finished run: a new run
+    assert set(whys(ctx).values()) == {"memo.why.ran_again"}
+
+
 def test_registry_record_tells_the_story(tmp_path):
     wf = Workflow([Step("a", SPEC, "a")], name="story")
     rt = FakeRuntime(tmp_path)

@@ -131,6 +131,9 @@ class FlowerRecord:
     heartbeat_at: float = 0.0  # when it was last touched, in the backend's clock
     # attempts running on a cluster: label -> {"id": activity id, "host", "pid", "worker"}
     placed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The words the run was started with (``ctx["_ask"]``: after ``start``/``flower``); None
+    # in records older than it, and for a run given none.
+    ask: str | None = None
 
     @property
     def alive(self) -> bool:

@@ -37,6 +37,8 @@ define(
         ),
         "memo.why.changed": ("变了:{what}", "changed: {what}"),
         "memo.why.never": ("从没跑过", "never ran"),
+        "memo.why.ran_unfinished": ("以前跑过,没做完", "ran before, not finished"),
+        "memo.why.ran_again": ("以前跑过;这是新的一次运行", "ran before; this is a new run"),
         "memo.why.unfinished": ("上次没跑完", "it did not finish last time"),
         "memo.why.expired": ("缓存的结果过期了或不在了", "the stored result expired or is gone"),
         "memo.why.off": ("缓存关着(scope=off)", "caching is off for it (scope=off)"),

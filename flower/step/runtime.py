@@ -229,7 +229,14 @@ class Runtime:
 
     # -- the flower's registry record -------------------------------------------------
 
-    def begin_flow(self, flow: str, steps: list[str], *, command: list[str] | None = None) -> None:
+    def begin_flow(
+        self,
+        flow: str,
+        steps: list[str],
+        *,
+        command: list[str] | None = None,
+        ask: str | None = None,
+    ) -> None:
         self.left_placed = self._left_running(flow)
         self.record = FlowerRecord(
             run=self.run_id,
@@ -244,6 +251,7 @@ class Runtime:
             host=this_host(),
             workspace_id=self.state.workspace_id,
             placed={k: dict(v) for k, v in self.left_placed.items()},
+            ask=ask,
         )
         self.note()
 

@@ -245,6 +245,9 @@ class Workflow:
                 runtime.workbench = previous
 
 
+#: Reasons of an item that the unfinished run had begun but that say less than that.
+NOT_BEGUN = ("memo.why.never", "memo.why.ran_unfinished")
+
 #: What a run says about itself in ctx: gone from ``Workflow.context`` when it runs again.
 _OUTCOME_KEYS = ("_ask", "_failed_at", "_aborted", "_aborted_step", "_reuse", "_lineage")
 
@@ -273,6 +276,7 @@ class _Run:
         self.lineage_sessions: dict[str, str] = {}
         self.prior: PriorRun | None = None
         self.report: list[dict[str, Any]] = []  # per step: reused or ran, and why
+        self.ran_before: set[str] = set()  # step labels with a session from an earlier run
 
     async def run(self, command: list[str] | None) -> Ctx:
         rt, wf = self.rt, self.wf
@@ -321,7 +325,9 @@ class _Run:
         with registry.locked():  # check-then-register is one step for concurrent starts
             refuse_live_conflict(registry, names, exclude=rt.run_id)
             registry.set_aside_damaged()
-            rt.begin_flow(wf.name, names, command=command)
+            ask = self.ctx.get("_ask")
+            ask = ask if isinstance(ask, str) else None
+            rt.begin_flow(wf.name, names, command=command, ask=ask)
         try:
             woke = lineage.bump(names if wf.continuous else ())
         except BaseException:
@@ -329,6 +335,7 @@ class _Run:
             raise
         _check_manifest(rt)
         rt.note(woke=woke)
+        self.ran_before = set(lineage.steps)
         return woke, dict(lineage.steps) if wf.continuous else {}
 
     def _note(self, **fields: Any) -> None:
@@ -467,7 +474,7 @@ class _Run:
                 # "you were interrupted" text; an item that changed: its new prompt.
                 cut = resume is not None and self.prior is not None and not done
                 text = rt.resilience.resume_prompt if cut else prompt
-                if cut and why.get("key") == "memo.why.never":  # it had begun: say so
+                if cut and why.get("key") in NOT_BEGUN:  # it had begun last time: say so
                     why = reason("memo.why.unfinished")
                 result = await rt.run(
                     step.spec,
@@ -570,6 +577,10 @@ class _Run:
             key = memo.why_not_cross_run_key(step)
             if key:
                 return reason("memo.why.not_cacheable", why=reason(key))
+        if step.name in self.ran_before or (self.prior and step.name in self.prior.completed):
+            # It had a session before: an unfinished run did not complete it, or the last
+            # run finished and this one is new. "never ran" is only for what never ran.
+            return reason("memo.why.ran_unfinished" if self.prior else "memo.why.ran_again")
         return reason("memo.why.never")
 
     def _explain(

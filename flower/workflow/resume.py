@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import RunDirBusy
-from ..state.registry import FINISHED
+from ..state.registry import FINISHED, FlowerRecord
 
 if TYPE_CHECKING:
     from ..agents.agent import AgentSpec
@@ -91,6 +91,20 @@ def prior_run(
 ) -> PriorRun | None:
     """The latest earlier run of ``flow`` in this workspace (by its identity, or by its path
     for records older than identities), if it did not finish; else None."""
+    last = last_run(registry, flow, workspace, workspace_id, exclude=exclude)
+    if last is None or last.state == FINISHED:
+        return None
+    in_flight = last.step.split("#")[0] if last.step else None
+    return PriorRun(
+        run=last.run, state=last.state, completed=dict(last.completed), in_flight=in_flight
+    )
+
+
+def last_run(
+    registry: Any, flow: str, workspace: Path, workspace_id: str, *, exclude: str = ""
+) -> FlowerRecord | None:
+    """The record of the latest earlier run of ``flow`` in this workspace (by its identity,
+    or by its path for records older than identities), finished or not; None if none."""
     mine = [
         r
         for r in registry.records()
@@ -98,15 +112,7 @@ def prior_run(
         and r.run != exclude
         and (r.workspace_id == workspace_id if r.workspace_id else Path(r.workspace) == workspace)
     ]
-    if not mine:
-        return None
-    last = mine[-1]
-    if last.state == FINISHED:
-        return None
-    in_flight = last.step.split("#")[0] if last.step else None
-    return PriorRun(
-        run=last.run, state=last.state, completed=dict(last.completed), in_flight=in_flight
-    )
+    return mine[-1] if mine else None
 
 
 def refuse_live_conflict(registry: Any, steps: list[str], *, exclude: str) -> None:

@@ -21,7 +21,7 @@ import click.types
 
 from flower import FlowerError, __version__
 from flower.i18n import define, gettext_for, t
-from supervisor.inspect.runstate import choose, looking, open_chosen
+from supervisor.inspect.runstate import choose, looking, open_chosen, resume_line
 
 # click's own words (its gettext message ids) that a person of flower-super can meet.
 CLICK_WORDS = {
@@ -476,7 +476,7 @@ def start(
 ) -> None:
     """``flower-super start`` (its help is the catalogue's ``super.help.start``)."""
     from supervisor.cluster.remote import choose_placement, cluster_placement
-    from supervisor.run.flows import load_flow, starter
+    from supervisor.run.flows import carried_words, load_flow, starter
     from supervisor.run.start import StartArgs, run_start
     from supervisor.terminal.terminal import Terminal
 
@@ -491,9 +491,14 @@ def start(
             chosen, run_dir=run_dir.expanduser().absolute(), workspace=ws, create=True
         )
         remote = choose_placement(placement, ws, opened)
+        said = None
         if flow_ref:
             wf = load_flow(flow_ref, ask)
             ws = workspace_dir(ws)
+            given = ask
+            ask, said = carried_words(opened, wf.name, ws.resolve(), ask, new=new)
+            if ask != given:  # a callable ATTR builds its flow from the words
+                wf = load_flow(flow_ref, ask)
         else:
             ws = workspace_dir(ws)
             wf = starter(
@@ -507,6 +512,8 @@ def start(
                 state=opened,
             )
         term = Terminal()
+        if said:
+            term.say(said)
         args = StartArgs(
             ask=ask,
             workspace=ws.resolve(),
@@ -518,7 +525,8 @@ def start(
                 run_dir,
                 workspace,
                 _starter_options(rounds, timeout_s, no_goal),
-                chosen.resume_args() + (["--placement", placement] if placement else []),
+                chosen.carry_args() + (["--placement", placement] if placement else []),
+                ask=ask,
             ),
             archive=bool(flow_ref),
             state=opened,
@@ -543,9 +551,14 @@ def _resume_command(
     workspace: Path | None,
     options: list[str] | None = None,
     state_args: list[str] | None = None,
+    *,
+    ask: str = "",
 ) -> list[str]:
     """The command that carries this run on later (shown by status for a dead run);
-    ``state_args``: :meth:`supervisor.inspect.runstate.Choice.resume_args`."""
+    ``state_args``: :meth:`supervisor.inspect.runstate.Choice.carry_args`. A flow of the
+    person's own gets its words again (``ctx["_ask"]`` shapes its steps' prompts: other
+    words would send a finished step again); the starter flow keeps them in 需求.md and
+    carries on without them."""
     cmd = ["flower-super", "start"]
     if flow_ref:
         cmd += ["--flow", flow_ref]
@@ -553,7 +566,10 @@ def _resume_command(
         cmd += options or []
     cmd += ["-r", str(run_dir.expanduser().absolute())]
     cmd += ["-w", str((workspace or Path.cwd()).expanduser().resolve())]
-    return cmd + (state_args or [])
+    cmd += state_args or []
+    if flow_ref and ask:
+        cmd += ["--", ask] if ask.startswith("-") else [ask]  # "--": "-…" words are words
+    return cmd
 
 
 @main.command(help=t("super.help.status"))
@@ -597,8 +613,10 @@ def cancel(run: str, run_dir: Path, workspace: Path, state: str | None) -> None:
     if not done.stopped:
         click.echo(t("cancel.still_there", pid=rec.pid, run=rec.run))
         sys.exit(1)
-    resume = " ".join(rec.command) if rec.command else "flower-super start"
+    resume, export = resume_line(rec.command) if rec.command else ("flower-super start", None)
     click.echo(t("cancel.stopped", run=rec.run, pid=rec.pid, resume=resume))
+    if export is not None:  # the URL given had a password: the command takes FLOWER_STATE
+        click.echo(t("state.export", url=export))
 
 
 @main.command(help=t("super.help.verify"))

@@ -6,9 +6,13 @@ chooses the local files even where ``FLOWER_STATE`` is set.
 
 What a command prints never holds a password. A resume command (the one ``status`` shows
 under a dead flower) keeps ``--state`` only when the start was given it on the command
-line, and then without its password: libpq takes the password from ``PGPASSWORD`` or
-``~/.pgpass`` (or set ``FLOWER_STATE`` with it and drop ``--state``); a state that came from
-the environment or a ``.env`` file is found there again by the resumed command.
+line; a state that came from the environment or a ``.env`` file is found there again by the
+resumed command. The record keeps the URL with its password shown as ``***``
+(:meth:`Choice.carry_args`); ``status`` then prints ``--state "${FLOWER_STATE:?}"`` in the
+command and, beside it, the ``export FLOWER_STATE=…`` line with the password masked and
+where to take it from (:func:`resume_line`), never a URL that silently lost its password.
+A record written before that kept the URL without its password: its line says to give the
+password with ``PGPASSWORD`` or ``~/.pgpass`` (:func:`lacks_password`).
 
 Light on purpose (no driver, no SDK): ``status`` against local files loads nothing more.
 """
@@ -54,10 +58,28 @@ define(
             "      (the URL has no password: give it with PGPASSWORD or ~/.pgpass, or set "
             "FLOWER_STATE to the URL with it and drop --state)",
         ),
+        "state.export": (
+            "      先设: export FLOWER_STATE={url}"
+            "  # *** 换成启动它时给的地址里的密码(flower 不存密码)",
+            "      first: export FLOWER_STATE={url}"
+            "  # *** is the password of the URL it was started with (flower keeps none)",
+        ),
     }
 )
 
-__all__ = ["Choice", "Seen", "choose", "looking", "open_chosen", "without_password"]
+#: What a printed resume command passes ``--state`` when the URL given had a password:
+#: the shell takes it from FLOWER_STATE (and says so when it is not set).
+STATE_REF = '"${FLOWER_STATE:?}"'
+
+__all__ = [
+    "Choice",
+    "Seen",
+    "choose",
+    "looking",
+    "open_chosen",
+    "resume_line",
+    "without_password",
+]
 
 
 @dataclass(frozen=True, eq=False, repr=False)  # unused, and start-up time each
@@ -69,11 +91,22 @@ class Choice:
     given: bool
 
     def resume_args(self) -> list[str]:
-        """What a resume or inspection command repeats of it: ``--state URL`` (without a
-        password) when it was given on the command line, else nothing."""
+        """What a printed inspection command (show, logs, cancel) repeats of it: ``--state
+        URL`` (without a password) when it was given on the command line, else nothing. A
+        resume command keeps :meth:`carry_args` instead."""
         if not self.given:
             return []
         return ["--state", without_password(self.url) if self.url else ""]
+
+    def carry_args(self) -> list[str]:
+        """What a start keeps of it in the command that carries the run on: ``--state URL``
+        when it was given on the command line, the URL's password shown as ``***`` (so
+        :func:`resume_line` knows one is needed), else nothing."""
+        if not self.given:
+            return []
+        from flower.state.postgres.url import mask
+
+        return ["--state", mask(self.url) if self.url else ""]
 
 
 def choose(given: str | None, workspace: str | Path | None) -> Choice:
@@ -141,3 +174,22 @@ def lacks_password(command: list[str]) -> bool:
         return False
     authority = url.partition("://")[2].partition("/")[0]
     return "@" in authority and ":" not in authority.rpartition("@")[0]
+
+
+def resume_line(command: list[str]) -> tuple[str, str | None]:
+    """``command`` as a person pastes it into a shell (each word quoted), and the masked
+    state URL to export first when it needs a password (None when it does not): a
+    ``--state`` URL kept with its password as ``***`` is printed as ``--state
+    "${FLOWER_STATE:?}"``."""
+    import shlex
+
+    from flower.state.postgres.url import MASK
+
+    words, export = [], None
+    for i, word in enumerate(command):
+        if i and command[i - 1] == "--state" and MASK in word:
+            words.append(STATE_REF)
+            export = word
+        else:
+            words.append(shlex.quote(word))
+    return " ".join(words), (shlex.quote(export) if export is not None else None)

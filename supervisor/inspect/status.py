@@ -29,7 +29,7 @@ from flower.state.registry import (
     state_of,
 )
 from flower.state.reuse import report_lines, summary
-from supervisor.inspect.runstate import Seen, lacks_password
+from supervisor.inspect.runstate import Seen, lacks_password, resume_line
 
 LAST_ROWS = 10
 # What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.
@@ -125,7 +125,9 @@ class FlowerView:
             "attempt": r.attempt,
             "woke": r.woke,
             "elapsed_s": round(_elapsed(r, self.alive), 1),
-            "resume": shlex.join(self.resume_command) if self.resume_command else None,
+            # as status prints it, and the state URL to export first (its password masked)
+            "resume": resume_line(self.resume_command)[0] if self.resume_command else None,
+            "resume_export": resume_line(self.resume_command)[1] if self.resume_command else None,
             "commands": self.commands,
             "reuse": summary(r.reuse) if r.reuse else None,
             "map_items_done": _map_items(r),
@@ -300,10 +302,11 @@ def _flower_lines(f: FlowerView) -> list[str]:
     if f.commands:
         out.append(t("status.commands", commands="  ·  ".join(f.commands)))
     if f.resume_command:
-        out.append(
-            t("status.resume", cwd=shlex.quote(r.cwd or "."), command=shlex.join(f.resume_command))
-        )
-        if lacks_password(f.resume_command):
+        line, export = resume_line(f.resume_command)
+        out.append(t("status.resume", cwd=shlex.quote(r.cwd or "."), command=line))
+        if export is not None:  # the URL given had a password: it is taken from FLOWER_STATE
+            out.append(t("state.export", url=export))  # defined with resume_line
+        elif lacks_password(f.resume_command):  # a record from before the export line
             out.append(t("state.no_password"))  # defined with lacks_password
     return out
 

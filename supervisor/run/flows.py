@@ -168,6 +168,49 @@ def refuse_new_while_live(state: RunState) -> None:
     raise RunDirBusy(message, hint=t("flow.new_busy.hint"))
 
 
+define(
+    {
+        "flow.same_words": (
+            "-- 上次的运行 {run} 没做完:接着用它的原话 {ask}",
+            "-- run {run} stopped unfinished: carrying it on with its words {ask}",
+        ),
+        "flow.words_changed": (
+            "! 原话变了(没做完的运行 {run} 用的是 {was}):各步骤从头做",
+            "! the words changed (the unfinished run {run} had {was}): its steps start over",
+        ),
+    }
+)
+
+
+def carried_words(
+    state: Any, flow: str, workspace: Path, ask: str, *, new: bool
+) -> tuple[str, str | None]:
+    """The words a start of ``flow`` in ``workspace`` runs with, and the one line that says
+    so (None: nothing to say). Without words, the last run of the flow here stopped
+    unfinished and its words carry on with it; other words than that run's start it over
+    (its steps' inputs changed), which is said. ``--new`` carries nothing on."""
+    from flower.state.registry import FINISHED
+    from flower.workflow.resume import last_run
+
+    if new:
+        return ask, None
+    last = last_run(state.registry, flow, workspace, state.workspace_id)
+    if last is None or last.state == FINISHED or last.ask is None or last.alive:
+        return ask, None
+    if not ask and last.ask:
+        return last.ask, t("flow.same_words", run=last.run, ask=_quoted(last.ask))
+    if ask and ask != last.ask:
+        return ask, t("flow.words_changed", run=last.run, was=_quoted(last.ask))
+    return ask, None
+
+
+def _quoted(words: str) -> str:
+    """Words on one line, quoted (a JSON string: newlines and quotes escaped)."""
+    import json
+
+    return json.dumps(words, ensure_ascii=False)
+
+
 def load_flow(ref: str, ask: str = "") -> Workflow:
     """Import ``ref`` (``file.py:attr`` or ``module:attr``) and return its Workflow."""
     target, sep, attr = ref.rpartition(":")

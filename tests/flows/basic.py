@@ -63,3 +63,13 @@ noisy = Workflow(
 
 # One step that never runs (its `when` says no): a flow that needs no model at all.
 idle = Workflow([Step("idle", hands, "[[idle]] go", when=lambda ctx: False)], name="idle")
+
+# Two steps whose first reads the words given after `start` (ctx["_ask"]): a resume that lost
+# them would change its prompt, so it would be sent (and paid for) again.
+asked = Workflow(
+    [
+        Step("first", hands, lambda ctx: f"[[first]] do what was asked: {ctx['_ask']}"),
+        Step("second", hands, lambda ctx: f"[[second]] then the second, after: {ctx['first']}"),
+    ],
+    name="asked",
+)
