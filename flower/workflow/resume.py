@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import RunDirBusy
-from ..state.registry import FINISHED, FlowerRecord
+from ..state.registry import FINISHED, FlowerRecord, Registry, SharedRegistry
 
 if TYPE_CHECKING:
     from ..agents.agent import AgentSpec
@@ -87,7 +87,12 @@ class PriorRun:
 
 
 def prior_run(
-    registry: Any, flow: str, workspace: Path, workspace_id: str, *, exclude: str
+    registry: Registry | SharedRegistry,
+    flow: str,
+    workspace: Path,
+    workspace_id: str,
+    *,
+    exclude: str,
 ) -> PriorRun | None:
     """The latest earlier run of ``flow`` in this workspace (by its identity, or by its path
     for records older than identities), if it did not finish; else None."""
@@ -101,7 +106,12 @@ def prior_run(
 
 
 def last_run(
-    registry: Any, flow: str, workspace: Path, workspace_id: str, *, exclude: str = ""
+    registry: Registry | SharedRegistry,
+    flow: str,
+    workspace: Path,
+    workspace_id: str,
+    *,
+    exclude: str = "",
 ) -> FlowerRecord | None:
     """The record of the latest earlier run of ``flow`` in this workspace (by its identity,
     or by its path for records older than identities), finished or not; None if none."""
@@ -115,7 +125,9 @@ def last_run(
     return mine[-1] if mine else None
 
 
-def refuse_live_conflict(registry: Any, steps: list[str], *, exclude: str) -> None:
+def refuse_live_conflict(
+    registry: Registry | SharedRegistry, steps: list[str], *, exclude: str
+) -> None:
     """Refuse to start when a live flower here would continue one of our steps' sessions.
 
     Lineage is keyed by step name, so two live flowers sharing a step name would resume the

@@ -183,7 +183,7 @@ define(
 
 
 def carried_words(
-    state: Any, flow: str, workspace: Path, ask: str, *, new: bool
+    state: RunState, flow: str, workspace: Path, ask: str, *, new: bool
 ) -> tuple[str, str | None]:
     """The words a start of ``flow`` in ``workspace`` runs with, and the one line that says
     so (None: nothing to say). Without words, the last run of the flow here stopped
