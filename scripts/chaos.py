@@ -434,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-flow", type=int, default=3, help="most faults in one flow")
     ap.add_argument("--dsn", help="a PostgreSQL superuser URL (default: a server of its own)")
     ap.add_argument("--json", help="write every fault and its outcome here")
+    ap.add_argument("--progress", action="store_true", help="one line on stderr per flow")
     args = ap.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     rng = random.Random(args.seed)
@@ -462,6 +463,14 @@ def main(argv: list[str] | None = None) -> int:
                 tally.flows += 1
                 judge(flow, checks, tally, made)
                 n += 1
+                if args.progress:
+                    print(
+                        f"chaos: {len(tally.faults)}/{args.faults} faults, {tally.flows} flows,"
+                        f" {len(tally.problems)} problems, {(time.monotonic() - began) / 60:.1f}"
+                        " min",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         took = time.monotonic() - began
         if args.json:

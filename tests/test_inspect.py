@@ -80,8 +80,9 @@ def test_a_failing_event_log_warns_once_and_the_run_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     log = EventLog.open(tmp_path, "r1")
-    assert log._fd is not None
-    os.close(log._fd)  # the descriptor goes bad under it: EBADF on the next write
+    fd = log._sink.fd  # type: ignore[union-attr]
+    assert fd is not None
+    os.close(fd)  # the descriptor goes bad under it: EBADF on the next write
     seen: list[Event] = []
     on_event = log.tee(seen.append)
     with caplog.at_level(logging.WARNING, logger="flower"):

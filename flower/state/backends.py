@@ -31,7 +31,7 @@ from ..i18n import define, t
 
 if TYPE_CHECKING:
     from ..cache import CacheStore, SharedCacheStore
-    from .eventlog import EventLog, SharedEventLog
+    from .eventlog import EventLog
     from .lineage import Lineage
     from .manifest import Manifest, SharedManifest
     from .records import LedgerRow
@@ -134,7 +134,7 @@ class RunState(Protocol):
     @property
     def cache(self) -> CacheStore | SharedCacheStore: ...
 
-    def event_log(self, run_id: str) -> EventLog | SharedEventLog: ...
+    def event_log(self, run_id: str) -> EventLog: ...
 
     def events_of(self, run_id: str) -> Path | tuple[EventRows, str]: ...
 
@@ -481,10 +481,10 @@ class SharedState:
 
         return SharedCacheStore(self.rows.cache, self.workspace_id)
 
-    def event_log(self, run_id: str) -> SharedEventLog:
-        from .eventlog import SharedEventLog
+    def event_log(self, run_id: str) -> EventLog:
+        from .eventlog import EventLog
 
-        return SharedEventLog(self.rows.events, run_id, f"{self.where} (events)")
+        return EventLog.over_rows(self.rows.events, run_id, f"{self.where} (events)")
 
     def events_of(self, run_id: str) -> tuple[EventRows, str]:
         return (self.rows.events, run_id)

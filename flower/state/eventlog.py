@@ -35,6 +35,7 @@ from ..util.lazylog import lazy_logger
 
 if TYPE_CHECKING:  # `logs` and `status` only ask where the file is
     from .result import Event
+    from .seam import EventRows
 
 log = lazy_logger("flower")  # logging loads when something is logged
 
@@ -69,13 +70,51 @@ def _close_all_in_child() -> None:
 os.register_at_fork(after_in_child=_close_all_in_child)
 
 
-class EventLog:
-    """An append-only ``events.jsonl``; every method is safe to call after a failure."""
+class _FileLines:
+    """Where a local run's events go: ``events.jsonl``, appended one ``write(2)`` a line."""
 
-    def __init__(self, path: Path, fd: int | None) -> None:
-        self.path = path
-        self._fd = fd
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def append(self, data: bytes) -> None:
+        if self.fd is None:
+            raise OSError(errno.EBADF, "closed")
+        try:
+            _write_all(self.fd, data)
+        except OSError as exc:
+            if exc.errno == errno.EBADF:  # the number is not ours any more: never close it
+                self.fd = None
+            raise
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
         if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _Rows:
+    """Where a shared run's events go: one row each (:class:`~.seam.EventRows`)."""
+
+    def __init__(self, rows: EventRows, run_id: str) -> None:
+        self.rows, self.run_id = rows, run_id
+
+    def append(self, data: bytes) -> None:
+        self.rows.append(self.run_id, json.loads(data))
+
+    def close(self) -> None:
+        return None
+
+
+class EventLog:
+    """One run's append-only event log, kept in a file (:meth:`open`) or in a database's
+    rows (:meth:`over_rows`), written, warned about and stopped the same way. Every method
+    is safe to call after a failure."""
+
+    def __init__(self, sink: _FileLines | _Rows | None, where: Path | str) -> None:
+        self.path = where  # what a warning names
+        self._sink = sink
+        if isinstance(sink, _FileLines):
             _OPEN.add(self)
 
     @classmethod
@@ -88,26 +127,33 @@ class EventLog:
             fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
         except OSError as exc:
             _warn(path, exc)
-            return cls(path, None)
-        return cls(path, fd)
+            return cls(None, path)
+        return cls(_FileLines(fd), path)
+
+    @classmethod
+    def over_rows(cls, rows: EventRows, run_id: str, where: str) -> EventLog:
+        """The event log of ``run_id`` as rows of a database (``where`` names it)."""
+        return cls(_Rows(rows, run_id), where)
 
     @property
     def writing(self) -> bool:
-        return self._fd is not None
+        return self._sink is not None
 
     def write(self, ev: Event) -> None:
-        """Append ``ev`` as one line. Never raises."""
-        if self._fd is None:
+        """Append ``ev`` as one line (one row). Never raises: a store that cannot take it is
+        one warning, and the log stops (as a full disk stops the file)."""
+        if self._sink is None:
             return
         try:
-            _write_all(self._fd, line(ev))
-        except OSError as exc:
-            _warn(self.path, exc)
-            if exc.errno == errno.EBADF:  # the number is not ours any more: never close it
-                self._fd = None
-            self.close()
+            data = line(ev)
         except (TypeError, ValueError) as exc:  # a payload json cannot take: skip this one
             log.debug("event not logged: %s", exc)
+            return
+        try:
+            self._sink.append(data)
+        except Exception as exc:  # noqa: BLE001 - the log is a by-product: warn, stop
+            _warn(self.path, exc)
+            self.close()
 
     def tee(self, fn: Callable[[Event], Any]) -> Callable[[Event], None]:
         """An ``on_event`` callback that writes each event here, then hands it to ``fn``."""
@@ -119,11 +165,10 @@ class EventLog:
         return on_event
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
+        sink, self._sink = self._sink, None
         _OPEN.discard(self)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        if sink is not None:
+            sink.close()
 
 
 def line(ev: Event, now: float | None = None) -> bytes:
@@ -162,40 +207,6 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _warn(path: Path, exc: OSError) -> None:
-    log.warning("%s", t("logs.write_failed", path=path, why=exc.strerror or exc))
-
-
-class SharedEventLog:
-    """:class:`EventLog`'s interface over a database's rows (:class:`~.seam.EventRows`): the
-    same objects, one row each. A database that cannot take one is one warning and the log
-    stops, as a full disk stops the file."""
-
-    def __init__(self, rows: Any, run_id: str, where: str) -> None:
-        self.rows, self.run_id, self.path = rows, run_id, where
-        self._on = True
-
-    @property
-    def writing(self) -> bool:
-        return self._on
-
-    def write(self, ev: Event) -> None:
-        if not self._on:
-            return
-        try:
-            self.rows.append(self.run_id, json.loads(line(ev)))
-        except (TypeError, ValueError) as exc:
-            log.debug("event not logged: %s", exc)
-        except Exception as exc:  # noqa: BLE001 - the log is a by-product: warn, stop
-            self._on = False
-            log.warning("%s", t("logs.write_failed", path=self.path, why=exc))
-
-    def tee(self, fn: Callable[[Event], Any]) -> Callable[[Event], None]:
-        def on_event(ev: Event) -> None:
-            self.write(ev)
-            fn(ev)
-
-        return on_event
-
-    def close(self) -> None:
-        self._on = False
+def _warn(path: Path | str, exc: Exception) -> None:
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+    log.warning("%s", t("logs.write_failed", path=path, why=why))
