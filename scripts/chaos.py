@@ -1,7 +1,7 @@
 """A seeded kill campaign: random faults at random moments of multi-step flows, checked.
 
     .venv/bin/python scripts/chaos.py [--faults 40] [--seed 1] [--backends local,postgres]
-        [--steps 3] [--per-flow 3] [--dsn URL] [--json FILE]
+        [--steps 3] [--per-flow 3] [--jobs 1] [--dsn URL] [--json FILE] [--progress]
 
 The real ``flower-super start`` (as a person runs it), the real CLI, the project's scripted
 model server, real processes and signals. Each flow has ``--steps`` steps; every step makes
@@ -254,28 +254,35 @@ def reap(flow: Flow) -> int:
 def run_flow(
     flow: Flow, backend: str, n: int, faults: int, rng: random.Random, pg: PgServer | None
 ) -> tuple[list[Fault], dict[str, Any]]:
-    """Run one flow to its end with ``faults`` faults along the way."""
+    """Run one flow to its end with ``faults`` faults along the way: several in one run
+    while none ends it, then the command again after one that does."""
     made: list[Fault] = []
     checks: dict[str, Any] = {"survivors": 0, "lost": [], "exit": None, "out": ""}
     kinds = [k for k in KINDS if k != "outage" or pg is not None]
     left = faults
     for _ in range(faults + 8):  # every fault that ends a run costs one more run
         proc = flow.start()
-        if left > 0:
+        ended = False
+        first = True
+        while left > 0 and not ended:
             fault = Fault(backend, n, rng.choice(kinds))
-            # One fault in five while the run starts up; the rest once it has asked the
-            # model something, up to 5 s later (its steps take about 2 s each).
-            if rng.random() >= 0.2:
+            # A run's first fault: one in five while it starts up, the rest once it has
+            # asked the model something, up to 5 s later (its steps take about 2 s each).
+            # Later ones in the same run: 0.5 to 4 s after the one before.
+            if not first:
+                fault.at_s = round(rng.uniform(0.5, 4.0), 2)
+            elif rng.random() >= 0.2:
                 wait_for(lambda p=proc: bool(flow.mine_now()) or p.poll() is not None, 90)
                 fault.at_s = round(rng.uniform(0.0, 5.0), 2)
             else:
                 fault.at_s = round(rng.uniform(0.3, 3.0), 2)
+            first = False
             code, out = wait_exit(proc, fault.at_s)
             if code is not None:  # the run ended before the moment came
                 checks["exit"], checks["out"] = code, out
-                if code == 0:
-                    break
-                continue
+                checks["survivors"] += reap(flow)
+                ended = True
+                break
             left -= 1
             fault.moment = flow.moment()
             made.append(fault)
@@ -291,15 +298,18 @@ def run_flow(
                     checks["survivors"] += n_left
                 # What lineage names now must be what the next run continues.
                 checks["lost"].append((fault, flow.lineage(), len(flow.server.requests)))
-                continue
+                ended = True
+        if ended:
+            if checks["exit"] == 0 and proc.returncode == 0:
+                break  # finished: running it again would be a new wake, not a fault
+            continue
         code, out = wait_exit(proc, RUN_TIMEOUT_S)
         if code is None:
             proc.kill()
             code, out = wait_exit(proc, 30)
             out += "\n(chaos: killed after the run timeout)"
         checks["exit"], checks["out"] = code, out
-        n_left = reap(flow)
-        checks["survivors"] += n_left
+        checks["survivors"] += reap(flow)
         if code == 0:  # finished: running it again would be a new wake, not a fault
             break
     return made, checks
@@ -377,7 +387,6 @@ def judge(flow: Flow, checks: dict[str, Any], tally: Tally, made: list[Fault]) -
                 tally.lost += 1
                 msg = f"{label}: {step} named {sid[:8]}, continued in {str(nxt.session_id)[:8]}"
                 fault.problems.append(msg)
-                tally.problems.append(msg)
     by_step: dict[str, list[Any]] = collections.defaultdict(list)
     for r in mine:
         by_step[str(r.conversation)].append(r)
@@ -387,6 +396,8 @@ def judge(flow: Flow, checks: dict[str, Any], tally: Tally, made: list[Fault]) -
             if sum(1 for r in reqs if r.session_id == sid) >= 2:
                 tally.lost += 1
                 tally.problems.append(f"{label}: {step} left session {str(sid)[:8]} behind")
+    for fault in made:
+        tally.problems += [f"{label}: {fault.kind}: {p}" for p in fault.problems]
     tally.faults += made
 
 
@@ -394,7 +405,9 @@ def report(tally: Tally, args: argparse.Namespace, took: float) -> None:
     counts = collections.Counter((f.kind, f.moment.split(" ")[0]) for f in tally.faults)
     kinds = [k for k in KINDS if any(f.kind == k for f in tally.faults)]
     print(
-        f"chaos: seed {args.seed}, {len(tally.faults)} faults over {tally.flows} flows "
+        f"chaos: seed {args.seed}"
+        + (f" ({args.jobs} jobs side by side)" if args.jobs > 1 else "")
+        + f", {len(tally.faults)} faults over {tally.flows} flows "
         f"({args.steps} steps each; {args.backends}), {took / 60:.1f} min"
     )
     head = f"{'fault':<16}" + "".join(f"{m:>9}" for m in MOMENTS) + f"{'total':>9}"
@@ -416,6 +429,55 @@ def report(tally: Tally, args: argparse.Namespace, took: float) -> None:
     print(f"chaos: {'PASS' if ok else 'FAIL'}")
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # the finally blocks stop the flow and the servers
+
+
+def side_by_side(args: argparse.Namespace) -> int:
+    """``--jobs N``: N campaigns of their own (seeds SEED*100+1..N, the faults shared out),
+    one table for all."""
+    began = time.monotonic()
+    parts = Path(tempfile.mkdtemp(prefix="flower-chaos-jobs-"))
+    procs = []
+    for i in range(args.jobs):
+        share = args.faults // args.jobs + (1 if i < args.faults % args.jobs else 0)
+        argv = [sys.executable, __file__, "--faults", str(share), "--seed"]
+        argv += [str(args.seed * 100 + i + 1), "--backends", args.backends]
+        argv += ["--steps", str(args.steps), "--per-flow", str(args.per_flow)]
+        argv += ["--json", str(parts / f"{i}.json")]
+        if args.dsn:
+            argv += ["--dsn", args.dsn]
+        if args.progress:
+            argv.append("--progress")
+        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+    try:
+        for proc in procs:
+            proc.wait()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+    tally = Tally()
+    for i in range(args.jobs):
+        try:
+            part = json.loads((parts / f"{i}.json").read_text(encoding="utf-8"))["tally"]
+        except (OSError, ValueError, KeyError):
+            tally.problems.append(f"job {i + 1} left no report")
+            continue
+        tally.faults += [Fault(**f) for f in part.pop("faults")]
+        tally.problems += part.pop("problems")
+        for name, value in part.items():
+            setattr(tally, name, getattr(tally, name) + value)
+    shutil.rmtree(parts, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"tally": asdict(tally)}, indent=1, default=str), encoding="utf-8"
+        )
+    report(tally, args, time.monotonic() - began)
+    return 0 if not tally.problems and tally.finished == tally.flows else 1
+
+
 @contextlib.contextmanager
 def postgres(dsn: str | None, root: Path) -> Iterator[PgServer | None]:
     if dsn:
@@ -435,7 +497,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dsn", help="a PostgreSQL superuser URL (default: a server of its own)")
     ap.add_argument("--json", help="write every fault and its outcome here")
     ap.add_argument("--progress", action="store_true", help="one line on stderr per flow")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="campaigns side by side, each with its own servers and seed (default 1)",
+    )
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
+    if args.jobs > 1:
+        return side_by_side(args)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="flower-chaos-"))
@@ -459,7 +530,14 @@ def main(argv: list[str] | None = None) -> int:
                         state = args.dsn.rsplit("/", 1)[0] + f"/{name}"
                 flow = Flow(root, n, backend, server, state, args.steps)
                 faults = min(rng.randint(1, args.per_flow), args.faults - len(tally.faults))
-                made, checks = run_flow(flow, backend, n, faults, rng, pg)
+                try:
+                    made, checks = run_flow(flow, backend, n, faults, rng, pg)
+                finally:  # stopped (Ctrl-C, SIGTERM) or not: the flow's processes go
+                    if flow.proc is not None and flow.proc.poll() is None:
+                        flow.proc.kill()
+                    for p in flow.survivors():
+                        with contextlib.suppress(psutil.Error):
+                            p.kill()
                 tally.flows += 1
                 judge(flow, checks, tally, made)
                 n += 1
