@@ -18,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flower.cache import Entry
+from flower.cache.store import cache_key
 from flower.state.backends import RunState, open_state
 from flower.state.identity import path_key
 from flower.state.records import LedgerRow
@@ -31,6 +34,7 @@ from flower.state.result import Event, StepResult
 
 SESSION = "5e550000-0000-4000-8000-000000000001"
 RUN = "r-conformance"
+CREATED = time.time()  # the cache entries': fresh for the test's while
 
 
 def key(state: RunState, session_id: str = SESSION) -> dict[str, str]:
@@ -78,7 +82,9 @@ def _session_read(state: RunState) -> Any:
 
 
 def _ledger_write(state: RunState, i: int) -> None:
-    started = LedgerRow(f"toolu_{i}", SESSION, None, "Bash", json.dumps({"i": i}), "started", 1e9 + i)
+    started = LedgerRow(
+        f"toolu_{i}", SESSION, None, "Bash", json.dumps({"i": i}), "started", 1e9 + i
+    )
     asyncio.run(state.ledger.started(started))
     done = LedgerRow(
         f"toolu_{i}",
@@ -103,6 +109,9 @@ def _lineage_write(state: RunState, i: int) -> None:
     lineage = state.lineage()
     lineage.remember("a", f"sid-a-{i}")  # the same step again: the last one names it
     lineage.remember(f"step{i}", f"sid-{i}")
+    lineage.remember("x", f"sid-x-{i}")
+    lineage.forget("x", f"sid-x-{i}")  # still the one it names: dropped
+    lineage.forget("a", f"sid-a-{i - 1}")  # names a later one by now: kept
 
 
 def _lineage_read(state: RunState) -> Any:
@@ -137,6 +146,25 @@ def _event_read(state: RunState) -> Any:
     return [ev["text"] for ev in events(state, RUN)]
 
 
+def _cache_write(state: RunState, i: int) -> None:
+    e = cache_entry(i)
+    state.cache.put(e.key, e)
+
+
+def _cache_read(state: RunState) -> Any:
+    out = []
+    for i in range(8):
+        got = state.cache.get(cache_entry(i).key, ttl_s=None)
+        if got is not None:
+            out.append(got.ctx_value)
+    return out
+
+
+def cache_entry(i: int) -> Entry:
+    k = cache_key(f"in-{i}", "fp")
+    return Entry(k, f"step{i}", f"in-{i}", {"m": "fp"}, {"ok": True}, {"i": i}, CREATED, "f")
+
+
 @dataclass(frozen=True)
 class Kind:
     write: Callable[[RunState, int], None]
@@ -154,7 +182,9 @@ KINDS: dict[str, Kind] = {
     "lineage": Kind(
         _lineage_write,
         _lineage_read,
-        lambda n: {"a": f"sid-a-{n - 1}", **{f"step{i}": f"sid-{i}" for i in range(n)}} if n else {},
+        lambda n: (
+            {"a": f"sid-a-{n - 1}", **{f"step{i}": f"sid-{i}" for i in range(n)}} if n else {}
+        ),
     ),
     "manifest": Kind(
         _manifest_write, _manifest_read, lambda n: [(f"step{i}", i, RUN) for i in range(n)]
@@ -165,7 +195,12 @@ KINDS: dict[str, Kind] = {
         lambda n: ([(RUN, n - 1)] if n else []) + [(f"r{i}", 0) for i in range(n)],
     ),
     "event": Kind(_event_write, _event_read, lambda n: [f"e{i}" for i in range(n)]),
+    # A cache is no durable record (a put the database cannot take is lost, a miss later):
+    # it is in the kill -9 suite, not the outage one.
+    "cache": Kind(_cache_write, _cache_read, lambda n: [{"i": i} for i in range(n)]),
 }
+#: the writes that must survive the database being away
+DURABLE = [k for k in KINDS if k != "cache"]
 
 
 def main(argv: list[str]) -> int:

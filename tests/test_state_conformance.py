@@ -55,7 +55,7 @@ from flower.state.records import LedgerRow
 from flower.state.registry import FINISHED, RUNNING, process_started
 from flower.state.result import Event, StepResult
 from flower.testing.pytest_postgres import database_url
-from tests.state_writes import KINDS, RUN, SESSION, entry, events, key, record
+from tests.state_writes import DURABLE, KINDS, SESSION, cache_entry, entry, events, key, record
 
 # A server of the module's own for the fault suites (initdb + start, ~1-5 s), children that
 # load the SDK (~1 s each).
@@ -277,7 +277,11 @@ def test_manifest_rows_read_back_in_order_from_every_view(place: Place, state: R
     for view in (state, place.open()):
         rows = view.manifest_rows()
         assert rows == written
-        assert [(r["run"], r["step"]) for r in rows] == [("run-1", "a"), ("run-2", "b"), ("run-1", "c")]
+        assert [(r["run"], r["step"]) for r in rows] == [
+            ("run-1", "a"),
+            ("run-2", "b"),
+            ("run-1", "c"),
+        ]
         assert rows[2]["reused"] is True and rows[1]["error"] == "boom"
     assert state.manifest("run-1").rows() == written
 
@@ -313,9 +317,7 @@ def test_registry_live_is_a_running_record_of_a_living_process(
     assert other.live(exclude="mine") == []
 
 
-def test_registry_a_rewritten_record_is_the_last_one_written(
-    place: Place, state: RunState
-) -> None:
+def test_registry_a_rewritten_record_is_the_last_one_written(place: Place, state: RunState) -> None:
     rec = record("r", step="a")
     state.registry.write(rec)
     rec.step, rec.attempt, rec.state = "b", 2, FINISHED
@@ -329,7 +331,9 @@ def test_registry_a_rewritten_record_is_the_last_one_written(
 
 def cached(step: str, created_at: float, value: Any = 1) -> Entry:
     k = cache_key(f"in-{step}", "fp")
-    return Entry(k, step, f"in-{step}", {"m": "fp"}, {"step": step, "ok": True}, value, created_at, "f")
+    return Entry(
+        k, step, f"in-{step}", {"m": "fp"}, {"step": step, "ok": True}, value, created_at, "f"
+    )
 
 
 def test_cache_an_entry_reads_back_equal_from_every_view(place: Place, state: RunState) -> None:
@@ -464,7 +468,7 @@ def test_local_writes_are_durable_the_moment_they_return(kind: str, tmp_path: Pa
         place.close()
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", DURABLE)
 def test_postgres_a_write_while_the_database_is_away_is_delivered_in_order(
     kind: str, server: PgServer, own_url: str, tmp_path: Path
 ) -> None:
@@ -483,6 +487,48 @@ def test_postgres_a_write_while_the_database_is_away_is_delivered_in_order(
         assert state.settle(30.0) is True
         assert spooled(tmp_path) == []
         assert KINDS[kind].read(place.open()) == KINDS[kind].expect(4)
+    finally:
+        place.close()
+
+
+def test_postgres_every_kind_in_one_outage_is_delivered_in_order(
+    server: PgServer, own_url: str, tmp_path: Path
+) -> None:
+    """The kinds interleaved, as a step writes them: one spool keeps them all in order."""
+    place = Place("postgres", tmp_path, own_url)
+    try:
+        state = place.open()
+        state.sessions  # noqa: B018
+        server.down()
+        for i in range(3):
+            for kind in DURABLE:
+                KINDS[kind].write(state, i)
+        assert len(spooled(tmp_path)) == 1
+        server.up()
+        assert state.settle(30.0) is True
+        other = place.open()
+        for kind in DURABLE:
+            assert KINDS[kind].read(other) == KINDS[kind].expect(3), kind
+        assert spooled(tmp_path) == []
+    finally:
+        place.close()
+
+
+def test_postgres_a_cache_put_while_the_database_is_away_is_a_miss_never_an_error(
+    server: PgServer, own_url: str, tmp_path: Path
+) -> None:
+    """The cache's documented behaviour: it never stops a run, and is no durable record."""
+    place = Place("postgres", tmp_path, own_url)
+    try:
+        state = place.open()
+        KINDS["cache"].write(state, 0)
+        server.down()
+        e = cache_entry(1)
+        assert state.cache.put(e.key, e) is False
+        assert state.cache.get(cache_entry(0).key, ttl_s=None) is None  # a miss, no raise
+        server.up()
+        assert state.settle(30.0) is True
+        assert KINDS["cache"].read(place.open()) == KINDS["cache"].expect(1)
     finally:
         place.close()
 
@@ -551,7 +597,7 @@ def test_kill_9_right_after_a_write_keeps_exactly_that_write(
     assert KINDS[kind].read(place.open()) == KINDS[kind].expect(2)
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", DURABLE)
 def test_kill_9_right_after_a_write_while_the_database_is_away_delivers_it(
     kind: str,
     server: PgServer,
