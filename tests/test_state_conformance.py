@@ -491,6 +491,26 @@ def test_postgres_a_write_while_the_database_is_away_is_delivered_in_order(
         place.close()
 
 
+@pytest.mark.parametrize("kind", DURABLE)
+def test_postgres_a_read_once_the_database_is_back_sees_this_process_s_kept_writes(
+    kind: str, server: PgServer, own_url: str, tmp_path: Path
+) -> None:
+    """Read-your-writes across an outage: a process that wrote while the database was away
+    and reads once it is back (a wake's lineage, the manifest's rows) reads what it wrote,
+    without waiting for ``settle``."""
+    place = Place("postgres", tmp_path, own_url)
+    try:
+        state = place.open()
+        state.sessions  # noqa: B018
+        server.down()
+        for i in (0, 1):
+            KINDS[kind].write(state, i)
+        server.up()
+        assert KINDS[kind].read(state) == KINDS[kind].expect(2)
+    finally:
+        place.close()
+
+
 def test_postgres_every_kind_in_one_outage_is_delivered_in_order(
     server: PgServer, own_url: str, tmp_path: Path
 ) -> None:
