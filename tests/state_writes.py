@@ -201,12 +201,28 @@ KINDS: dict[str, Kind] = {
 }
 #: the writes that must survive the database being away
 DURABLE = [k for k in KINDS if k != "cache"]
+_EACH = tuple(DURABLE)
+
+
+def _every_write(state: RunState, i: int) -> None:
+    for name in _EACH:
+        KINDS[name].write(state, i)
+
+
+# Every durable kind interleaved, as a step writes them (its session, the ledger, the lineage
+# that names the session, the manifest row, the registry record, the events).
+KINDS["every"] = Kind(
+    _every_write,
+    lambda state: {name: KINDS[name].read(state) for name in _EACH},
+    lambda n: {name: KINDS[name].expect(n) for name in _EACH},
+)
+DURABLE.append("every")
 
 
 def main(argv: list[str]) -> int:
     kind, url, run_dir, workspace = argv
     state = open_state(None if url == "-" else url, run_dir=run_dir, workspace=workspace)
-    if kind in ("session", "ledger"):  # the store (and the SDK) loaded before any outage
+    if kind in ("session", "ledger", "every"):  # the store (and the SDK) loaded before any outage
         state.sessions  # noqa: B018
     state.workspace_id  # noqa: B018
     print("ready", flush=True)

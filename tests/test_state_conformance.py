@@ -511,29 +511,6 @@ def test_postgres_a_read_once_the_database_is_back_sees_this_process_s_kept_writ
         place.close()
 
 
-def test_postgres_every_kind_in_one_outage_is_delivered_in_order(
-    server: PgServer, own_url: str, tmp_path: Path
-) -> None:
-    """The kinds interleaved, as a step writes them: one spool keeps them all in order."""
-    place = Place("postgres", tmp_path, own_url)
-    try:
-        state = place.open()
-        state.sessions  # noqa: B018
-        server.down()
-        for i in range(3):
-            for kind in DURABLE:
-                KINDS[kind].write(state, i)
-        assert len(spooled(tmp_path)) == 1
-        server.up()
-        assert state.settle(30.0) is True
-        other = place.open()
-        for kind in DURABLE:
-            assert KINDS[kind].read(other) == KINDS[kind].expect(3), kind
-        assert spooled(tmp_path) == []
-    finally:
-        place.close()
-
-
 def test_postgres_a_cache_put_while_the_database_is_away_is_a_miss_never_an_error(
     server: PgServer, own_url: str, tmp_path: Path
 ) -> None:
