@@ -162,6 +162,30 @@ def test_sessions_resumable_is_a_stored_transcript(place: Place, state: RunState
     assert place.open().resumable(SESSION) is False
 
 
+def test_sessions_an_attempt_superseded_is_fenced_out_where_attempts_can_race(
+    place: Place, state: RunState
+) -> None:
+    """PostgreSQL: attempts on several machines can race for a session, so a newer attempt's
+    claim refuses the older one's writes (Superseded, nothing written). Local files: one
+    machine and one writer per session (the supervisor's), so nothing is ever refused."""
+    from flower.state.errors import Superseded
+
+    old, new = state.sessions, place.open().sessions
+    old.begin_attempt()
+    old.claim(SESSION)
+    asyncio.run(old.append(key(state), [entry(0)]))  # type: ignore[arg-type, list-item]
+    assert new.begin_attempt() > 0
+    new.claim(SESSION)
+    late = old.append(key(state), [entry(1)])  # type: ignore[arg-type, list-item]
+    if place.kind == "postgres":
+        with pytest.raises(Superseded):
+            asyncio.run(late)
+        assert [e["i"] for e in place.open().transcript(SESSION)] == [0]
+    else:
+        asyncio.run(late)
+        assert [e["i"] for e in place.open().transcript(SESSION)] == [0, 1]
+
+
 # -- the tool ledger -------------------------------------------------------------------------
 
 
@@ -183,6 +207,20 @@ def test_ledger_calls_read_back_in_order_from_every_view(place: Place, state: Ru
     assert calls[1] == row(1, "done", content='"one"', ended_at=200.0)
     by_ids = other.ledger.by_ids(["toolu_2", "toolu_0"])
     assert sorted(c.tool_use_id for c in by_ids) == ["toolu_0", "toolu_2"]
+
+
+def test_ledger_tool_calls_are_the_main_thread_s_since_a_time(
+    place: Place, state: RunState
+) -> None:
+    asyncio.run(state.ledger.started(row(0)))
+    sub = LedgerRow("toolu_sub", SESSION, "agent-1", "Read", "{}", "started", 100.5)
+    asyncio.run(state.ledger.started(sub))
+    asyncio.run(state.ledger.started(row(5)))
+    other = place.open()
+    assert [c.tool_use_id for c in other.tool_calls(SESSION)] == ["toolu_0", "toolu_5"]
+    assert [c.tool_use_id for c in other.ledger.in_session(SESSION, 101.0)] == ["toolu_5"]
+    (got,) = other.ledger.by_ids(["toolu_sub"])  # a subagent's call is kept all the same
+    assert got.agent_id == "agent-1"
 
 
 def test_ledger_a_started_call_is_never_overwritten_by_a_second_start(
@@ -247,6 +285,27 @@ def test_lineage_a_session_the_store_no_longer_has_is_not_used(
     assert lineage.load() == {"a": "sid-kept"}
     assert lineage.bump(["a", "b"]) == 1  # a wake drops the gone one
     assert place.open().peek_lineage()["steps"] == {"a": "sid-kept"}
+
+
+def test_lineage_is_one_workspace_s(place: Place, state: RunState, tmp_path: Path) -> None:
+    """Another workspace on the same place reads none of it. What its first write does to
+    the first one's is each backend's own: a run_dir's file holds one workspace's (set
+    aside, kept beside itself); a database holds one per workspace."""
+    state.lineage().remember("a", "sid-1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = open_state(place.url, run_dir=place.run_dir, workspace=elsewhere)
+    place.opened.append(other)
+    assert other.lineage().load() == {}
+    other.lineage().bump()
+    other.lineage().remember("a", "sid-2")
+    assert other.lineage().load() == {"a": "sid-2"}
+    mine = place.open().lineage().load()
+    if place.kind == "local":
+        assert mine == {}
+        assert [p.name for p in place.run_dir.glob("lineage.json.workspace-*")]
+    else:
+        assert mine == {"a": "sid-1"}
 
 
 def test_lineage_archive_moves_it_out_of_the_way(
@@ -483,6 +542,7 @@ def test_postgres_a_write_while_the_database_is_away_is_delivered_in_order(
         (spool,) = spooled(tmp_path)
         assert stat.S_IMODE(spool.stat().st_mode) == 0o600
         assert stat.S_IMODE(spool.parent.stat().st_mode) == 0o700
+        assert state.settle(0.3) is False  # still away: kept, not delivered
         server.up()
         assert state.settle(30.0) is True
         assert spooled(tmp_path) == []
