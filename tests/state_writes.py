@@ -130,6 +130,8 @@ def _registry_write(state: RunState, i: int) -> None:
     registry = state.registry
     registry.write(record(RUN, attempt=i, state=FINISHED))  # rewritten: the last one stands
     registry.write(record(f"r{i}", started_at=10.0 + i, state=FINISHED))
+    if i:
+        registry.remove(f"r{i - 1}")  # a record forgotten, in order after its write
 
 
 def _registry_read(state: RunState) -> Any:
@@ -192,7 +194,7 @@ KINDS: dict[str, Kind] = {
     "registry": Kind(
         _registry_write,
         _registry_read,
-        lambda n: ([(RUN, n - 1)] if n else []) + [(f"r{i}", 0) for i in range(n)],
+        lambda n: [(RUN, n - 1), (f"r{n - 1}", 0)] if n else [],
     ),
     "event": Kind(_event_write, _event_read, lambda n: [f"e{i}" for i in range(n)]),
     # A cache is no durable record (a put the database cannot take is lost, a miss later):
