@@ -13,15 +13,19 @@ Three parts:
    registry, cache, events, mailbox, scope): what is written reads back equal and in order,
    and a second ``open_state`` on the same place — another process's view — sees it.
 2. **The database away at each kind of write** (session append, ledger started+finished,
-   lineage remember, manifest row, registry record, event): with a PostgreSQL server of the
-   module's own stopped, each write returns without raising, kept on the machine in
-   owner-only files; once the server is back ``settle`` delivers them all, in order, and
-   leaves no spool file. Local files have no outage: their variant asserts instead that
-   each write is durable — read back by another view — the moment it returns.
-3. **kill -9 right after each kind of write**: a child process (:mod:`tests.state_writes`)
-   writes, says so, and is killed; a fresh ``open_state`` sees exactly what it wrote. For
-   PostgreSQL also with the server down during the write: once it is back, the next
-   ``open_state`` delivers the dead process's spool.
+   lineage remember+forget, manifest row, registry write+remove, event, and all of them
+   interleaved as a step writes them — ``every``): with a PostgreSQL server of the module's
+   own stopped, each write returns without raising, kept on the machine in owner-only files
+   (0600 in a 0700 directory); ``settle`` says False while the server is away; once it is
+   back ``settle`` delivers them all, in order, and leaves no spool file, and a read of the
+   writing process sees its own writes. A cache put is no durable record: while the
+   database is away it is a miss, never an error. Local files have no outage: their variant
+   asserts instead that each write is durable — read back by another view — the moment it
+   returns.
+3. **kill -9 right after each kind of write** (the cache's too): a child process
+   (:mod:`tests.state_writes`) writes, says so, and is killed; a fresh ``open_state`` sees
+   exactly what it wrote. For PostgreSQL also with the server down during the write: once
+   it is back, the next ``open_state`` delivers the dead process's spool.
 
 The kinds of write and how each reads back live in :mod:`tests.state_writes`, shared by the
 test process and the child it kills.
