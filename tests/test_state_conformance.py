@@ -41,6 +41,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -571,6 +572,30 @@ def test_postgres_a_read_once_the_database_is_back_sees_this_process_s_kept_writ
             KINDS[kind].write(state, i)
         server.up()
         assert KINDS[kind].read(state) == KINDS[kind].expect(2)
+    finally:
+        place.close()
+
+
+def test_postgres_a_wake_while_the_database_is_away_waits_for_it(
+    server: PgServer, own_url: str, tmp_path: Path
+) -> None:
+    """A wake reads which session each step continues: read as "no lineage" it would start
+    every step in a new session. It waits for the database instead (one warning)."""
+    place = Place("postgres", tmp_path, own_url)
+    try:
+        state = place.open()
+        assert state.lineage().bump() == 1
+        state.lineage().remember("a", "sid-1")
+        server.down()
+        back = threading.Timer(1.5, server.up)
+        back.start()
+        try:
+            lineage = state.lineage()
+            assert lineage.bump(["a"]) == 2
+            assert lineage.steps == {"a": "sid-1"}
+        finally:
+            back.join()
+        assert place.open().peek_lineage()["woke"] == 2
     finally:
         place.close()
 
