@@ -60,6 +60,8 @@ WEIGHT = {
     # PostgreSQL: a database per test (CREATE DATABASE), a server of their own (outage)
     "test_pg_outage.py": 40,
     "test_chaos.py": 150,  # a seeded campaign of 8 faults over both backends (scripts/chaos.py)
+    # both backends; a server of its own stopped per kind of write; ~40 children killed
+    "test_state_conformance.py": 60,
     "test_e2e_pg_outage.py": 80,  # 10 s outage mid-step; a session begun in an outage, kill -9 x2
     "test_pg_store.py": 30,
     "test_pg_rows.py": 20,

@@ -50,6 +50,10 @@ define(
             "could not check step {step!r}'s session {session} in sessions.db ({kind}: {error}); "
             "keeping it",
         ),
+        "lineage.waiting": (
+            "{path} 暂时连不上({error});醒来前最多等它 {wait:.0f} 秒",
+            "{path} cannot be reached ({error}); waiting up to {wait:.0f} s for it before waking",
+        ),
         "lineage.not_updated": (
             "更新不了 {path}({error});这次运行没法在那里记下它的会话",
             "could not update {path} ({error}); this run cannot record its sessions there",
@@ -97,6 +101,9 @@ JUDGE_MARK = "·判定"
 LOCK_POLL_S = 0.002
 # A lock held this long means a stuck holder; remember() then gives up (and swallows it).
 LOCK_TIMEOUT_S = 10.0
+# A wake reads which session each step continues: a database that is away is waited for this
+# long (an outage that began since the run state was opened) before the start goes on without.
+WAKE_WAIT_S = 30.0
 
 _SUFFIX = re.compile(r"#(?:retry|round)\d+$")
 
@@ -304,15 +311,41 @@ class Lineage:
         a live flower still holds this run_dir for it; otherwise a foreign or broken file
         means a fresh start (set aside, one warning). ``mine`` are the steps of the starting
         flow: for those whose session the store no longer has, a copy is kept for a person
-        and one warning says they start fresh. A lineage that cannot be written does not
-        stop the start.
+        and one warning says they start fresh. A database that is away is waited for (up to
+        :data:`WAKE_WAIT_S`, one warning); a lineage that cannot be written does not stop the
+        start.
         """
+        from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
         woken = False
-        try:
+
+        def wake() -> int:
+            nonlocal woken
             with self._rows.update(self.workspace_id, self.run_id) as box:
                 self._wake(box, set(mine))
                 woken = True
             return self.woke
+
+        def away(exc: BaseException) -> bool:  # not read yet: waiting costs nothing
+            return isinstance(exc, StateUnavailable) and not woken
+
+        def say(state: Any) -> None:
+            if state.attempt_number == 1 and state.outcome is not None:
+                error = _why(state.outcome.exception())
+                log.warning(
+                    "%s", t("lineage.waiting", path=self.where, error=error, wait=WAKE_WAIT_S)
+                )
+
+        try:
+            # A database that is away at a wake is waited for, as for a model API: reading
+            # it as "no lineage" would start every step in a new session.
+            return Retrying(
+                retry=retry_if_exception(away),
+                wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0),
+                stop=stop_after_delay(WAKE_WAIT_S),
+                before_sleep=say,
+                reraise=True,
+            )(wake)
         except (OSError, StateUnavailable) as exc:
             if woken:  # counted, but the count could not be written
                 self._warn_write(exc)

@@ -1,5 +1,5 @@
 """The run's own rows that an outage must not lose: lineage entries, manifest rows, registry
-records, events.
+records (written and removed), events.
 
 The supervisor writes them while its steps run: an event for every tool call and every text,
 its registry record at each step and heartbeat, a manifest row at the end of every attempt.
@@ -44,6 +44,8 @@ _REGISTRY = (
     " workspace_id = EXCLUDED.workspace_id, started_at = EXCLUDED.started_at,"
     " host = EXCLUDED.host, heartbeat_at = EXCLUDED.heartbeat_at, record = EXCLUDED.record"
 )
+
+_REGISTRY_REMOVE = "DELETE FROM {s}.registry WHERE run = %(run)s"
 
 _EVENT = (
     "WITH ins AS (INSERT INTO {s}.events (run, event) VALUES (%(run)s, %(event)s::json)"
@@ -101,6 +103,12 @@ def registry_write(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], live
     conn.execute(sql(template), {**args, "record": Json(args["record"])})
 
 
+def registry_remove(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
+    """``args``: ``run`` (its record is forgotten: a start that was refused leaves no trace,
+    even when it is refused during an outage — after the record's own write, in order)."""
+    conn.execute(sql(_REGISTRY_REMOVE), args)
+
+
 def event_append(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
     """``args``: ``run``, ``event``, ``channel`` (the schema's NOTIFY channel)."""
     conn.execute(sql(_EVENT), {**args, "event": Json(args["event"])})
@@ -112,5 +120,6 @@ OPS: dict[str, Op] = {
     "lineage.drop": lineage_drop,
     "manifest.append": manifest_append,
     "registry.write": registry_write,
+    "registry.remove": registry_remove,
     "events.append": event_append,
 }

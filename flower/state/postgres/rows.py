@@ -247,8 +247,9 @@ class PostgresRegistryRows:
         return [_record(*row) for row in _fetch(self._db, sql, params)]
 
     def remove(self, run: str) -> None:
-        sql = self._db.sql("DELETE FROM {s}.registry WHERE run = %s")
-        self._db.run(lambda conn: conn.execute(sql, (run,)))
+        """Forget the run's record. Kept through an outage like :meth:`write`, and in order
+        after it: a record written during an outage and then removed stays removed."""
+        self._db.write("registry.remove", 0, {"run": run}, LIVE)
 
     def heartbeat(self, run: str) -> None:
         sql = self._db.sql(f"UPDATE {{s}}.registry SET heartbeat_at = {NOW} WHERE run = %s")
