@@ -315,6 +315,9 @@ def finish(c: Cluster, proc: subprocess.Popen[bytes], timeout: float = 120) -> s
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         state = _how_it_is(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, on its stderr
+            time.sleep(2)
         proc.kill()
         out, _ = proc.communicate(timeout=10)
         (c.logs / f"supervisor-{proc.pid}.out").write_bytes(out)

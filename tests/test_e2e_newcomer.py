@@ -95,7 +95,12 @@ def test_once_says_at_once_that_the_endpoint_cannot_be_reached(flower_env, model
         assert e2e.cli_under(proc.pid) == [], "no CLI is started while the endpoint is down"
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: once ends
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, into its output
+            time.sleep(2)
+            raise AssertionError(f"once did not end on Ctrl-C:\n{out.read_text()}") from None
     assert "Traceback" not in out.read_text(), out.read_text()
     f.assert_no_survivors()
 

@@ -807,6 +807,9 @@ def _once(args: argparse.Namespace) -> int:
             spec, args.prompt, resume=args.resume, fork=args.fork, on_event=term.on_event
         )
 
+    from supervisor.run.start import stacks_on_usr1
+
+    stacks_on_usr1()
     try:
         result = asyncio.run(once())
     except KeyboardInterrupt:  # once has no interrupt-and-say: Ctrl-C ends it

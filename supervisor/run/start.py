@@ -116,8 +116,18 @@ class StartArgs:
     placement: Any = None
 
 
+def stacks_on_usr1() -> None:
+    """``kill -USR1 PID`` prints every thread's stack of this process on stderr: what a
+    person (or a test) sees of a run that will not end, without stopping it."""
+    import faulthandler
+
+    with contextlib.suppress(ValueError, OSError, RuntimeError):  # no stderr, not main thread
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def run_start(wf: Workflow, args: StartArgs, term: Terminal) -> int:
     """Build the runtime and run the flow; returns the exit status (signals may not return)."""
+    stacks_on_usr1()
     preload()  # the SDK and what an attempt imports: once here, never in a forked child
     PROCS.become_subreaper()
     show_warnings(term)
