@@ -43,6 +43,7 @@ from flower.state.result import Event, StepResult, jsonable
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
 from ipc import Answer, Ask, EventMsg, Interrupt, Result, Session, Shutdown
+from supervisor.cluster.connection import connect, settings
 from supervisor.cluster.remote import (
     ACTIVITY,
     HEARTBEAT_EVERY_S,
@@ -114,6 +115,11 @@ define(
             "-- 收到 {sig}:跑完手上的 {n} 个再退出(再来一次就交还给队列)",
             "-- {sig}: finishing the {n} running, then exiting (again: hand them back)",
         ),
+        "worker.no_address": (
+            "worker 不知道 Temporal 在哪:没给 --temporal,Temporal 的客户端配置里也没有地址",
+            "the worker does not know where Temporal is: no --temporal, and no address in "
+            "Temporal's client configuration",
+        ),
         "worker.map": (
             "--map 要写成 FROM=TO(两个绝对路径),不是 {text}",
             "--map must be FROM=TO (two absolute paths), not {text}",
@@ -124,12 +130,13 @@ define(
 
 @dataclass
 class WorkerConfig:
-    target: str
+    target: str  # --temporal HOST:PORT; "": TEMPORAL_ADDRESS or the profile's
     queue: str
     slots: int
     state: str | None  # --state; None: $FLOWER_STATE
     maps: list[tuple[str, str]] = field(default_factory=list)
     name: str = ""
+    namespace: str = ""  # --namespace; "": TEMPORAL_NAMESPACE, the profile's, or default
 
 
 def parse_map(text: str) -> tuple[str, str]:
@@ -520,6 +527,11 @@ def run_worker(cfg: WorkerConfig) -> int:
     from supervisor.run.placement import preload
 
     load_dotenv()
+    # the address and namespace given, over TEMPORAL_* and the TOML profile; checked before
+    # the state is opened or anything imported
+    found = settings(cfg.target, cfg.namespace)
+    if not found.target:
+        raise FlowerError(t("worker.no_address"), hint=t("remote.no_address.hint"))
     # Temporal logs a cancelled or refused attempt with its traceback; the worker says one
     # line of its own for each instead.
     logging.getLogger("temporalio").setLevel(logging.ERROR)
@@ -533,16 +545,9 @@ def run_worker(cfg: WorkerConfig) -> int:
     cfg.name = cfg.name or f"{socket.gethostname()}:{os.getpid()}"
 
     async def main(runtime: Any) -> int:
-        from temporalio.client import Client
         from temporalio.worker import Worker
 
-        try:
-            client = await Client.connect(cfg.target, runtime=runtime)
-        except Exception as exc:  # noqa: BLE001 - one line for a person
-            raise FlowerError(
-                t("remote.unreachable", target=cfg.target, error=exc),
-                hint=t("remote.unreachable.hint"),
-            ) from None
+        client = await connect(found, runtime)
         attempts = Attempts(cfg)
 
         from temporalio import activity
@@ -579,7 +584,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             t(
                 "worker.ready",
                 name=cfg.name,
-                target=cfg.target,
+                target=found.describe(),
                 queue=cfg.queue,
                 slots=cfg.slots,
                 state=where,

@@ -346,7 +346,16 @@ define(
             "集群的文件放哪(默认 ~/.flower/cluster)",
             "where the cluster keeps its files (default ~/.flower/cluster)",
         ),
-        "super.help.temporal": ("Temporal 服务的地址", "the Temporal service's address"),
+        "super.help.temporal": (
+            "Temporal 服务的地址(默认取 TEMPORAL_ADDRESS 或 temporal.toml 的 profile;"
+            "TLS、API key 也从那里读)",
+            "the Temporal service's address (default: TEMPORAL_ADDRESS or the temporal.toml "
+            "profile, where TLS and the API key are read from too)",
+        ),
+        "super.help.namespace": (
+            "Temporal 的命名空间(默认 TEMPORAL_NAMESPACE、profile 里的,或 default)",
+            "the Temporal namespace (default: TEMPORAL_NAMESPACE, the profile's, or default)",
+        ),
         "super.help.queue": ("要领活的任务队列", "the task queue to take attempts from"),
         "super.help.slots": ("同时跑几个尝试", "attempts at once"),
         "super.help.worker_state": (
@@ -731,8 +740,9 @@ def demo(keep: bool) -> None:
 
 @main.command(help=t("super.help.worker"))
 @click.option(
-    "--temporal", "target", required=True, metavar="HOST:PORT", help=t("super.help.temporal")
+    "--temporal", "target", default="", metavar="HOST:PORT", help=t("super.help.temporal")
 )
+@click.option("--namespace", default="", metavar="NS", help=t("super.help.namespace"))
 @click.option("--queue", required=True, metavar="NAME", help=t("super.help.queue"))
 @click.option(
     "--slots",
@@ -743,12 +753,21 @@ def demo(keep: bool) -> None:
 )
 @click.option("--state", "state", metavar="URL", default=None, help=t("super.help.worker_state"))
 @click.option("--map", "maps", multiple=True, metavar="FROM=TO", help=t("super.help.map"))
-def worker(target: str, queue: str, slots: int, state: str | None, maps: tuple[str, ...]) -> None:
+def worker(
+    target: str,
+    namespace: str,
+    queue: str,
+    slots: int,
+    state: str | None,
+    maps: tuple[str, ...],
+) -> None:
     """``flower-super worker``."""
     from supervisor.cluster.worker import WorkerConfig, parse_map, run_worker
 
     try:
-        cfg = WorkerConfig(target, queue, slots, state, [parse_map(m) for m in maps])
+        cfg = WorkerConfig(
+            target, queue, slots, state, [parse_map(m) for m in maps], namespace=namespace
+        )
         sys.exit(run_worker(cfg))
     except FlowerError as exc:
         _fail(exc)
