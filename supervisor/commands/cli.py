@@ -341,7 +341,10 @@ define(
             "Stop the cluster's workers (each gets 10 s to finish what it runs) and both "
             "servers, and remove what the cluster made (its run state goes with it).",
         ),
-        "super.help.cluster_workers": ("起几个 worker", "how many workers to start"),
+        "super.help.cluster_workers": (
+            "几个 worker(新集群默认 2;在跑的集群会增减到这个数)",
+            "how many workers (2 for a new cluster; a running one is scaled to N)",
+        ),
         "super.help.cluster_dir": (
             "集群的文件放哪(默认 ~/.flower/cluster)",
             "where the cluster keeps its files (default ~/.flower/cluster)",
@@ -792,15 +795,14 @@ cluster_dir_option = click.option(
 @click.option(
     "--workers",
     type=int,
-    default=2,
-    show_default=True,
+    default=None,
     metavar="N",
     help=t("super.help.cluster_workers"),
 )
 @cluster_dir_option
-def cluster_up(workers: int, where: Path | None) -> None:
+def cluster_up(workers: int | None, where: Path | None) -> None:
     """``flower-super cluster up``: the two export lines on stdout, the rest on stderr."""
-    from supervisor.cluster.local import default_dir, up
+    from supervisor.cluster.local import default_dir, dir_args, up
 
     def say(line: str) -> None:
         click.echo(line, err=True)
@@ -809,7 +811,7 @@ def cluster_up(workers: int, where: Path | None) -> None:
         found = up(where or default_dir(), workers, say)
     except FlowerError as exc:
         _fail(exc)
-    say(t("cluster.export"))
+    say(t("cluster.export", dir=dir_args(found.dir)))
     for line in found.exports():
         click.echo(line)
 
@@ -817,10 +819,14 @@ def cluster_up(workers: int, where: Path | None) -> None:
 @cluster.command("down", help=t("super.help.cluster_down"))
 @cluster_dir_option
 def cluster_down(where: Path | None) -> None:
-    from supervisor.cluster.local import default_dir, down
+    from supervisor.cluster.local import NothingUp, default_dir, down
 
     try:
         down(where or default_dir(), lambda line: click.echo(line, err=True))
+    except NothingUp as exc:  # nothing was done: not a success
+        click.echo(f"flower-super: {exc.message}", err=True)
+        click.echo(t("cli.hint", hint=exc.hint), err=True)
+        sys.exit(1)
     except FlowerError as exc:
         _fail(exc)
 
