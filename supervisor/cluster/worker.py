@@ -57,6 +57,9 @@ from supervisor.run.placement import Forked
 
 log = logging.getLogger("flower.supervisor")
 
+#: How often a worker reaps the dead processes it adopted (see :meth:`Attempts.reap`).
+REAP_EVERY_S = 1.0
+
 define(
     {
         "worker.ready": (
@@ -158,6 +161,19 @@ class Attempts:
         self._told: set[tuple[str, str]] = set()  # refusals said in a mailbox already
         self._pump: Pump | None = None
         self.running = 0
+        self.forks: set[Forked] = set()  # every slot's placement, while its attempt runs
+
+    def reap(self) -> list[int]:
+        """Reap the dead processes this worker adopted as subreaper (a stopped attempt's
+        ``claude``, its tool shells), never a slot's own step child: its placement reaps
+        that for its status. Returns the pids reaped."""
+        from flower.step.proctree import PROCS
+
+        return PROCS.reap_zombies(self.step_children())
+
+    def step_children(self) -> set[int]:
+        """Every slot's step children (each placement reaps its own)."""
+        return {pid for forked in list(self.forks) for pid in forked.children}
 
     # -- where -------------------------------------------------------------------------
 
@@ -380,7 +396,8 @@ class Attempts:
             finally:
                 answers.pop(question.id, None)
 
-        forked = Forked(relay=relay)
+        forked = Forked(relay=relay, siblings=self.step_children)
+        self.forks.add(forked)
 
         def on_session(sid: str) -> None:
             mailbox.send(up(activity_id), Session(label=call.label, step=call.step, session_id=sid))
@@ -436,6 +453,8 @@ class Attempts:
             for task in helpers:
                 task.cancel()
             await forked.close()
+            self.forks.discard(forked)
+            self.reap()
 
 
 def _cancelled_by_temporal() -> bool:
@@ -580,6 +599,15 @@ def run_worker(cfg: WorkerConfig) -> int:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+
+        async def reaper() -> None:
+            # what a stopped attempt's tree leaves dies a moment after it is killed (and a
+            # CLI may be reparented here whenever its step child ends): swept every second
+            while True:
+                await asyncio.sleep(REAP_EVERY_S)
+                attempts.reap()
+
+        sweeping = loop.create_task(reaper())
         say(
             t(
                 "worker.ready",
@@ -590,7 +618,10 @@ def run_worker(cfg: WorkerConfig) -> int:
                 state=where,
             )
         )
-        await worker.run()
+        try:
+            await worker.run()
+        finally:
+            sweeping.cancel()
         return 0
 
     try:
