@@ -87,6 +87,15 @@ define(
             "check TEMPORAL_TLS, TEMPORAL_TLS_SERVER_CA_CERT_PATH, TEMPORAL_TLS_SERVER_NAME, "
             "TEMPORAL_TLS_CLIENT_CERT_PATH/KEY_PATH (or the profile's [tls])",
         ),
+        "remote.tls.not_there": (
+            "那边没用 TLS 应答(这边开着 TLS,或者设了 API key)",
+            "the server does not answer with TLS (TLS is on here, or an API key is set)",
+        ),
+        "remote.tls.off": (
+            "这边没开 TLS,那边答的不是明文 gRPC(大概要 TLS:TEMPORAL_TLS=true)",
+            "TLS is off here and the answer is not plain gRPC (it likely requires TLS: "
+            "TEMPORAL_TLS=true)",
+        ),
         "remote.refused": (
             "Temporal {target} 不认这份凭据({what}):{error}",
             "Temporal at {target} refused the credentials ({what}): {error}",
@@ -292,9 +301,28 @@ def failure(found: Settings, exc: BaseException) -> FlowerError:
                 hint=t("remote.refused.hint"),
             )
     reason = _transport_reason(text)
+    http = re.search(r"status: (\d{3}\b[A-Za-z ]*)", text)
+    if http:
+        # a proxy in front of the service answered in HTTP: 401/403 is the API key refused,
+        # 400 from a TLS endpoint the client certificate missing or not accepted (nginx)
+        code = http.group(1).split()[0]
+        if code in ("401", "403") or (code == "400" and found.tls):
+            return FlowerError(
+                t(
+                    "remote.refused",
+                    target=target,
+                    what=found.credentials,
+                    error=f"HTTP {http.group(1).strip()}",
+                ),
+                hint=t("remote.refused.hint"),
+            )
+    if not found.tls and "h2 protocol error" in text:
+        return FlowerError(
+            t("remote.tls", target=target, error=t("remote.tls.off")), hint=t("remote.tls.hint")
+        )
     if _is_tls(text):
         return FlowerError(t("remote.tls", target=target, error=reason), hint=t("remote.tls.hint"))
-    if re.search(r"\b(401|403)\b|unauthori[sz]ed|forbidden|permission denied", text, re.I):
+    if re.search(r"unauthori[sz]ed|forbidden|permission denied", text, re.I):
         return FlowerError(
             t("remote.refused", target=target, what=found.credentials, error=reason),
             hint=t("remote.refused.hint"),
@@ -339,7 +367,7 @@ def _transport_reason(text: str) -> str:
         if found:
             word = found.group(1)
             if word == "InvalidContentType":
-                return "the server does not answer with TLS (or TLS is off here and on there)"
+                return t("remote.tls.not_there")
             return word
     return text.removeprefix("Failed client connect: ")[:200]
 
