@@ -155,6 +155,8 @@ READY_TIMEOUT_S = 60.0
 MOST_WORKERS = 32
 DEFAULT_WORKERS = 2
 _LOG = re.compile(r"worker-\d+\.log")
+_SERVER_DIRS = ("temporal", "postgres")  # what a failed up keeps of its servers: their logs
+_SERVER_LOGS = ("server.log", "commands.out")
 
 
 @dataclass
@@ -332,8 +334,16 @@ class NothingUp(FlowerError):
 
 
 def _only_ours(dir: Path) -> bool:
-    """Is ``dir`` empty, or holding only the logs a failed ``up`` kept there?"""
-    return all(p.is_file() and _LOG.fullmatch(p.name) for p in dir.iterdir())
+    """Is ``dir`` empty, or holding only the logs a failed ``up`` kept there (its workers',
+    and its servers' in their own folders)?"""
+    for p in dir.iterdir():
+        if p.is_file() and _LOG.fullmatch(p.name):
+            continue
+        logs_only = p.is_dir() and all(q.is_file() and q.name in _SERVER_LOGS for q in p.iterdir())
+        if logs_only and p.name in _SERVER_DIRS:
+            continue
+        return False
+    return True
 
 
 def _reconcile(cluster: Cluster, workers: int | None, say: Any) -> None:
