@@ -64,8 +64,8 @@ define(
             "-- {k} more worker(s) started: {n} now",
         ),
         "cluster.scaled_down": (
-            "-- 停了 {k} 个 worker(各自跑完手上的),现在 {n} 个",
-            "-- {k} worker(s) stopped (each finished what it ran): {n} now",
+            "-- 停了 {k} 个 worker(各有 {grace} 秒把手上的跑完),现在 {n} 个",
+            "-- {k} worker(s) stopped (each given {grace} s to finish what it ran): {n} now",
         ),
         "cluster.cleared": (
             "-- {dir} 里记着的集群已经不全({what} 不在了):拆掉它,起一个新的(它的运行状态没了)",
@@ -371,7 +371,7 @@ def _reconcile(cluster: Cluster, workers: int | None, say: Any) -> None:
         _stop_workers(extra)
         del cluster.workers[want:]
         cluster.save()
-        say(t("cluster.scaled_down", k=len(extra), n=want))
+        say(t("cluster.scaled_down", k=len(extra), n=want, grace=int(GRACE_S)))
     elif not changed:
         say(t("cluster.already", dir=cluster.dir))
 
