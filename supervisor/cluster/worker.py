@@ -123,6 +123,12 @@ define(
             "the worker does not know where Temporal is: no --temporal, and no address in "
             "Temporal's client configuration",
         ),
+        "worker.no_address.hint": (
+            "给 --temporal HOST:PORT,或设 TEMPORAL_ADDRESS(或在 temporal.toml 的 profile 里写 "
+            "address)",
+            "give --temporal HOST:PORT, or set TEMPORAL_ADDRESS (or address in a temporal.toml "
+            "profile)",
+        ),
         "worker.map": (
             "--map 要写成 FROM=TO(两个绝对路径),不是 {text}",
             "--map must be FROM=TO (two absolute paths), not {text}",
@@ -550,7 +556,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     # the state is opened or anything imported
     found = settings(cfg.target, cfg.namespace)
     if not found.target:
-        raise FlowerError(t("worker.no_address"), hint=t("remote.no_address.hint"))
+        raise FlowerError(t("worker.no_address"), hint=t("worker.no_address.hint"))
     # Temporal logs a cancelled or refused attempt with its traceback; the worker says one
     # line of its own for each instead.
     logging.getLogger("temporalio").setLevel(logging.ERROR)
