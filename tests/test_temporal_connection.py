@@ -189,3 +189,24 @@ def test_failures_are_one_line_each_and_never_show_the_key(tmp_path: Path) -> No
         assert "\n" not in err.message and err.hint
         assert KEY not in err.message + (err.hint or "")
         assert "tonic" not in err.message
+
+
+def test_a_worker_with_no_address_anywhere_is_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "FLOWER_"))}
+    env.update(FLOWER_LANG="en", HOME=str(tmp_path), **no_file(tmp_path))
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "flower-super"), "worker", "--queue", "q"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 2, done.stderr
+    assert "the worker does not know where Temporal is" in lines[0]
+    assert "--temporal HOST:PORT" in lines[1] and "TEMPORAL_ADDRESS" in lines[1]
