@@ -11,7 +11,7 @@ import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 from flower import FlowerError
-from supervisor.cluster.connection import Where, failure, settings, settings_for
+from flower.services.temporal_client import Where, failure, settings, settings_for
 
 KEY = "tk-very-secret-api-key-123"
 

@@ -50,6 +50,7 @@ from typing import Any
 from flower import AttemptCrash, FlowerError
 from flower.agents.wire import to_wire
 from flower.i18n import define, t
+from flower.services.temporal_client import Where, check, connect, settings_for
 from flower.state.result import StepResult
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
@@ -67,7 +68,6 @@ from ipc import (
     decode,
     encode,
 )
-from supervisor.cluster.connection import Where, check, connect, settings_for
 from supervisor.run.placement import answer_for, event_of
 
 log = logging.getLogger("flower.supervisor")
@@ -292,7 +292,7 @@ def choose_placement(given: str | None, workspace: Path, state: Any) -> str | No
     that is not ``temporal://HOST:PORT/QUEUE``, a cluster with the run state in local files,
     a Temporal service that cannot be reached (TLS or credentials refused included) and a
     namespace it does not have are each one line with a hint
-    (:mod:`supervisor.cluster.connection`)."""
+    (:mod:`flower.services.temporal_client`)."""
     from flower.people.credentials import lookup
 
     url = (given if given is not None else lookup(PLACEMENT_ENV, workspace) or "").strip()

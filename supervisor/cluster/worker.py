@@ -39,11 +39,11 @@ from typing import Any
 from flower import FlowerError
 from flower.agents.wire import from_wire
 from flower.i18n import define, t
+from flower.services.temporal_client import connect, settings
 from flower.state.result import Event, StepResult, jsonable
 from flower.step.call import StepCall
 from flower.step.placement import Seat, Watch
 from ipc import Answer, Ask, EventMsg, Interrupt, Result, Session, Shutdown
-from supervisor.cluster.connection import connect, settings
 from supervisor.cluster.remote import (
     ACTIVITY,
     HEARTBEAT_EVERY_S,
