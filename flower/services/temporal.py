@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -54,8 +54,6 @@ from .temporal_client import run_on_own_runtime
 
 if TYPE_CHECKING:
     from temporalio.runtime import Runtime
-
-T = TypeVar("T")
 
 __all__ = [
     "NAMESPACE",
