@@ -330,9 +330,11 @@ define(
         ),
         "super.help.cluster_up": (
             "起一个本机集群,在 stdout 打出要 export 的两行(FLOWER_STATE、FLOWER_PLACEMENT);"
-            "已经起着就只再打一遍。它的服务器不验身份,本机任何用户都连得上:只在自己的机器上用。",
+            "已经起着就再打一遍(死掉的 worker 重新起,--workers N 增减到 N 个,都会说)。"
+            "它的服务器不验身份,本机任何用户都连得上:只在自己的机器上用。",
             "Start a cluster on this machine and print the two lines to export "
-            "(FLOWER_STATE, FLOWER_PLACEMENT) on stdout; one already up is only printed again. "
+            "(FLOWER_STATE, FLOWER_PLACEMENT) on stdout; for one already up they are printed "
+            "again, after a dead worker is started again and --workers N scales it (each said). "
             "Its servers take any local user's connection: for a machine of your own.",
         ),
         "super.help.cluster_down": (
