@@ -539,9 +539,12 @@ def main(argv: list[str] | None = None) -> int:
                         with contextlib.suppress(psutil.Error):
                             p.kill()
                 tally.flows += 1
+                before = len(tally.problems)
                 judge(flow, checks, tally, made)
                 n += 1
                 if args.progress:
+                    for problem in tally.problems[before:]:
+                        print(f"chaos: ! {problem}", file=sys.stderr, flush=True)
                     print(
                         f"chaos: {len(tally.faults)}/{args.faults} faults, {tally.flows} flows,"
                         f" {len(tally.problems)} problems, {(time.monotonic() - began) / 60:.1f}"

@@ -74,6 +74,11 @@ WEIGHT = {
     # a whole local cluster (flower-super cluster up: Temporal, PostgreSQL, 2 workers) twice
     "test_e2e_readme_cluster.py": 45,
     "test_e2e_cluster_people.py": 35,
+    # the front door: refused placements (seconds each), a flow after one, a local cluster
+    # from a clone's directory (restart, scale, down), a failed cluster up
+    "test_e2e_front_door.py": 90,
+    # nginx as a TLS proxy (mTLS, API key) in front of the dev server: two flows, four refusals
+    "test_e2e_temporal_tls.py": 35,
 }
 DEFAULT_E2E_WEIGHT = 20
 # The kill drills: every test file that kill -9s something (a flower, a step child, a worker, a

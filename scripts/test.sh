@@ -47,6 +47,19 @@ else
     fi
     "$PY" scripts/pins.py versions
 fi
+# nginx (the system's package) is the TLS-terminating gRPC proxy in front of the Temporal dev
+# server in tests/test_e2e_temporal_tls.py: installed here when missing (as root, with apt-get),
+# so a clean machine runs those tests instead of failing them.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing nginx (the TLS proxy of the Temporal tests)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light >/dev/null \
+            || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y -q nginx-light >/dev/null; }
+    else
+        echo "== nginx is missing (the Temporal TLS tests need it): apt-get install nginx-light" >&2
+    fi
+fi
 # start_server MODULE VAR NAME: unless VAR is set already, start a throwaway server with
 # `python -m MODULE start` and export its address as VAR. Each one started is stopped when
 # this script ends, whatever the tests did; one that cannot start fails the run.

@@ -486,6 +486,8 @@ def test_a_frozen_worker_s_attempt_moves_and_on_waking_it_sends_nothing_writes_n
 
     # Its attempt's process tree is gone within seconds (the worker itself lives on).
     wait_until(lambda: not [p for p in attempt if alive(p)], 10, "the woken attempt's tree to end")
+    # ... and reaped: the dead CLI the woken worker adopted as subreaper is no zombie of it
+    wait_until(lambda: not zombies_of(victim), 10, "the woken worker to reap what it adopted")
     out = finish(c, sup)
     assert sup.returncode == 0, out + c.logs_text()
 
@@ -522,6 +524,20 @@ def waiting_on_from(server: ModelServer, conversation: str, who: str, timeout: f
         ),
         timeout=timeout,
     )
+
+
+def zombies_of(w: Worker) -> list[int]:
+    """The dead children ``w``'s worker process has not reaped."""
+    try:
+        kids = psutil.Process(w.proc.pid).children(recursive=False)
+    except psutil.Error:
+        return []
+    out = []
+    for k in kids:
+        with contextlib.suppress(psutil.Error):
+            if k.status() == psutil.STATUS_ZOMBIE:
+                out.append(k.pid)
+    return out
 
 
 def alive(p: psutil.Process) -> bool:

@@ -62,7 +62,8 @@ def cluster_processes(home: Path) -> list[psutil.Process]:
             environ = proc.info["environ"] or {}
         except psutil.Error:
             continue
-        mine = environ.get("HOME") == str(home) and "supervisor worker" in line
+        worker = "flower-super worker" in line or "supervisor worker" in line
+        mine = environ.get("HOME") == str(home) and worker
         if mine or (str(home) in line and ("temporal" in line or "postgres" in line)):
             out.append(proc)
     return out
@@ -147,7 +148,7 @@ def test_status_shows_the_worker_of_a_running_attempt_and_up_down_are_idempotent
         assert down.returncode == 0 and "cluster down" in down.stderr, down.stderr
         assert cluster_processes(tmp_path / "home") == []
         again = run(["flower-super", "cluster", "down"], env, ws)
-        assert again.returncode == 0 and "no cluster is up" in again.stderr
+        assert again.returncode == 1 and "no cluster is up" in again.stderr
 
 
 def wait_for_placed(ws: Path, env: dict[str, str], label: str) -> dict[str, object]:
@@ -186,6 +187,6 @@ def test_a_directory_that_holds_something_else_is_never_a_cluster_s(tmp_path):
     assert done.returncode == 2 and "already holds something else" in done.stderr
     assert "Traceback" not in done.stderr and "hint" in done.stderr
     down = run(["flower-super", "cluster", "down", "--dir", str(project)], env, tmp_path)
-    assert down.returncode == 0 and "no cluster is up" in down.stderr
+    assert down.returncode == 1 and "no cluster is up" in down.stderr
     assert sorted(p.name for p in project.iterdir()) == ["keep.txt"]
     assert cluster_processes(tmp_path / "home") == []

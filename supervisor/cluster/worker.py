@@ -39,6 +39,7 @@ from typing import Any
 from flower import FlowerError
 from flower.agents.wire import from_wire
 from flower.i18n import define, t
+from flower.services.temporal_client import connect, settings
 from flower.state.backends import RunState
 from flower.state.result import Event, StepResult, jsonable
 from flower.step.call import StepCall
@@ -56,6 +57,9 @@ from supervisor.cluster.remote import (
 from supervisor.run.placement import Forked
 
 log = logging.getLogger("flower.supervisor")
+
+#: How often a worker reaps the dead processes it adopted (see :meth:`Attempts.reap`).
+REAP_EVERY_S = 1.0
 
 define(
     {
@@ -115,6 +119,17 @@ define(
             "-- 收到 {sig}:跑完手上的 {n} 个再退出(再来一次就交还给队列)",
             "-- {sig}: finishing the {n} running, then exiting (again: hand them back)",
         ),
+        "worker.no_address": (
+            "worker 不知道 Temporal 在哪:没给 --temporal,Temporal 的客户端配置里也没有地址",
+            "the worker does not know where Temporal is: no --temporal, and no address in "
+            "Temporal's client configuration",
+        ),
+        "worker.no_address.hint": (
+            "给 --temporal HOST:PORT,或设 TEMPORAL_ADDRESS(或在 temporal.toml 的 profile 里写 "
+            "address)",
+            "give --temporal HOST:PORT, or set TEMPORAL_ADDRESS (or address in a temporal.toml "
+            "profile)",
+        ),
         "worker.map": (
             "--map 要写成 FROM=TO(两个绝对路径),不是 {text}",
             "--map must be FROM=TO (two absolute paths), not {text}",
@@ -125,12 +140,13 @@ define(
 
 @dataclass
 class WorkerConfig:
-    target: str
+    target: str  # --temporal HOST:PORT; "": TEMPORAL_ADDRESS or the profile's
     queue: str
     slots: int
     state: str | None  # --state; None: $FLOWER_STATE
     maps: list[tuple[str, str]] = field(default_factory=list)
     name: str = ""
+    namespace: str = ""  # --namespace; "": TEMPORAL_NAMESPACE, the profile's, or default
 
 
 def parse_map(text: str) -> tuple[str, str]:
@@ -152,6 +168,19 @@ class Attempts:
         self._told: set[tuple[str, str]] = set()  # refusals said in a mailbox already
         self._pump: Pump | None = None
         self.running = 0
+        self.forks: set[Forked] = set()  # every slot's placement, while its attempt runs
+
+    def reap(self) -> list[int]:
+        """Reap the dead processes this worker adopted as subreaper (a stopped attempt's
+        ``claude``, its tool shells), never a slot's own step child: its placement reaps
+        that for its status. Returns the pids reaped."""
+        from flower.step.proctree import PROCS
+
+        return PROCS.reap_zombies(self.step_children())
+
+    def step_children(self) -> set[int]:
+        """Every slot's step children (each placement reaps its own)."""
+        return {pid for forked in list(self.forks) for pid in forked.children}
 
     # -- where -------------------------------------------------------------------------
 
@@ -374,7 +403,8 @@ class Attempts:
             finally:
                 answers.pop(question.id, None)
 
-        forked = Forked(relay=relay)
+        forked = Forked(relay=relay, siblings=self.step_children)
+        self.forks.add(forked)
 
         def on_session(sid: str) -> None:
             mailbox.send(up(activity_id), Session(label=call.label, step=call.step, session_id=sid))
@@ -430,6 +460,8 @@ class Attempts:
             for task in helpers:
                 task.cancel()
             await forked.close()
+            self.forks.discard(forked)
+            self.reap()
 
 
 def _cancelled_by_temporal() -> bool:
@@ -519,6 +551,11 @@ def run_worker(cfg: WorkerConfig) -> int:
     from supervisor.run.placement import preload
 
     load_dotenv()
+    # the address and namespace given, over TEMPORAL_* and the TOML profile; checked before
+    # the state is opened or anything imported
+    found = settings(cfg.target, cfg.namespace)
+    if not found.target:
+        raise FlowerError(t("worker.no_address"), hint=t("worker.no_address.hint"))
     # Temporal logs a cancelled or refused attempt with its traceback; the worker says one
     # line of its own for each instead.
     logging.getLogger("temporalio").setLevel(logging.ERROR)
@@ -532,16 +569,9 @@ def run_worker(cfg: WorkerConfig) -> int:
     cfg.name = cfg.name or f"{socket.gethostname()}:{os.getpid()}"
 
     async def main(runtime: Any) -> int:
-        from temporalio.client import Client
         from temporalio.worker import Worker
 
-        try:
-            client = await Client.connect(cfg.target, runtime=runtime)
-        except Exception as exc:  # noqa: BLE001 - one line for a person
-            raise FlowerError(
-                t("remote.unreachable", target=cfg.target, error=exc),
-                hint=t("remote.unreachable.hint"),
-            ) from None
+        client = await connect(found, runtime)
         attempts = Attempts(cfg)
 
         from temporalio import activity
@@ -574,17 +604,29 @@ def run_worker(cfg: WorkerConfig) -> int:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+
+        async def reaper() -> None:
+            # what a stopped attempt's tree leaves dies a moment after it is killed (and a
+            # CLI may be reparented here whenever its step child ends): swept every second
+            while True:
+                await asyncio.sleep(REAP_EVERY_S)
+                attempts.reap()
+
+        sweeping = loop.create_task(reaper())
         say(
             t(
                 "worker.ready",
                 name=cfg.name,
-                target=cfg.target,
+                target=found.describe(),
                 queue=cfg.queue,
                 slots=cfg.slots,
                 state=where,
             )
         )
-        await worker.run()
+        try:
+            await worker.run()
+        finally:
+            sweeping.cancel()
         return 0
 
     try:

@@ -330,9 +330,11 @@ define(
         ),
         "super.help.cluster_up": (
             "起一个本机集群,在 stdout 打出要 export 的两行(FLOWER_STATE、FLOWER_PLACEMENT);"
-            "已经起着就只再打一遍。它的服务器不验身份,本机任何用户都连得上:只在自己的机器上用。",
+            "已经起着就再打一遍(死掉的 worker 重新起,--workers N 增减到 N 个,都会说)。"
+            "它的服务器不验身份,本机任何用户都连得上:只在自己的机器上用。",
             "Start a cluster on this machine and print the two lines to export "
-            "(FLOWER_STATE, FLOWER_PLACEMENT) on stdout; one already up is only printed again. "
+            "(FLOWER_STATE, FLOWER_PLACEMENT) on stdout; for one already up they are printed "
+            "again, after a dead worker is started again and --workers N scales it (each said). "
             "Its servers take any local user's connection: for a machine of your own.",
         ),
         "super.help.cluster_down": (
@@ -341,12 +343,24 @@ define(
             "Stop the cluster's workers (each gets 10 s to finish what it runs) and both "
             "servers, and remove what the cluster made (its run state goes with it).",
         ),
-        "super.help.cluster_workers": ("起几个 worker", "how many workers to start"),
+        "super.help.cluster_workers": (
+            "几个 worker(新集群默认 2;在跑的集群会增减到这个数)",
+            "how many workers (2 for a new cluster; a running one is scaled to N)",
+        ),
         "super.help.cluster_dir": (
             "集群的文件放哪(默认 ~/.flower/cluster)",
             "where the cluster keeps its files (default ~/.flower/cluster)",
         ),
-        "super.help.temporal": ("Temporal 服务的地址", "the Temporal service's address"),
+        "super.help.temporal": (
+            "Temporal 服务的地址(默认取 TEMPORAL_ADDRESS 或 temporal.toml 的 profile;"
+            "TLS、API key 也从那里读)",
+            "the Temporal service's address (default: TEMPORAL_ADDRESS or the temporal.toml "
+            "profile, where TLS and the API key are read from too)",
+        ),
+        "super.help.namespace": (
+            "Temporal 的命名空间(默认 TEMPORAL_NAMESPACE、profile 里的,或 default)",
+            "the Temporal namespace (default: TEMPORAL_NAMESPACE, the profile's, or default)",
+        ),
         "super.help.queue": ("要领活的任务队列", "the task queue to take attempts from"),
         "super.help.slots": ("同时跑几个尝试", "attempts at once"),
         "super.help.worker_state": (
@@ -749,8 +763,9 @@ def demo(keep: bool) -> None:
 
 @main.command(help=t("super.help.worker"))
 @click.option(
-    "--temporal", "target", required=True, metavar="HOST:PORT", help=t("super.help.temporal")
+    "--temporal", "target", default="", metavar="HOST:PORT", help=t("super.help.temporal")
 )
+@click.option("--namespace", default="", metavar="NS", help=t("super.help.namespace"))
 @click.option("--queue", required=True, metavar="NAME", help=t("super.help.queue"))
 @click.option(
     "--slots",
@@ -761,12 +776,21 @@ def demo(keep: bool) -> None:
 )
 @click.option("--state", "state", metavar="URL", default=None, help=t("super.help.worker_state"))
 @click.option("--map", "maps", multiple=True, metavar="FROM=TO", help=t("super.help.map"))
-def worker(target: str, queue: str, slots: int, state: str | None, maps: tuple[str, ...]) -> None:
+def worker(
+    target: str,
+    namespace: str,
+    queue: str,
+    slots: int,
+    state: str | None,
+    maps: tuple[str, ...],
+) -> None:
     """``flower-super worker``."""
     from supervisor.cluster.worker import WorkerConfig, parse_map, run_worker
 
     try:
-        cfg = WorkerConfig(target, queue, slots, state, [parse_map(m) for m in maps])
+        cfg = WorkerConfig(
+            target, queue, slots, state, [parse_map(m) for m in maps], namespace=namespace
+        )
         sys.exit(run_worker(cfg))
     except FlowerError as exc:
         _fail(exc)
@@ -791,15 +815,14 @@ cluster_dir_option = click.option(
 @click.option(
     "--workers",
     type=int,
-    default=2,
-    show_default=True,
+    default=None,
     metavar="N",
     help=t("super.help.cluster_workers"),
 )
 @cluster_dir_option
-def cluster_up(workers: int, where: Path | None) -> None:
+def cluster_up(workers: int | None, where: Path | None) -> None:
     """``flower-super cluster up``: the two export lines on stdout, the rest on stderr."""
-    from supervisor.cluster.local import default_dir, up
+    from supervisor.cluster.local import default_dir, dir_args, up
 
     def say(line: str) -> None:
         click.echo(line, err=True)
@@ -808,7 +831,7 @@ def cluster_up(workers: int, where: Path | None) -> None:
         found = up(where or default_dir(), workers, say)
     except FlowerError as exc:
         _fail(exc)
-    say(t("cluster.export"))
+    say(t("cluster.export", dir=dir_args(found.dir)))
     for line in found.exports():
         click.echo(line)
 
@@ -816,10 +839,14 @@ def cluster_up(workers: int, where: Path | None) -> None:
 @cluster.command("down", help=t("super.help.cluster_down"))
 @cluster_dir_option
 def cluster_down(where: Path | None) -> None:
-    from supervisor.cluster.local import default_dir, down
+    from supervisor.cluster.local import NothingUp, default_dir, down
 
     try:
         down(where or default_dir(), lambda line: click.echo(line, err=True))
+    except NothingUp as exc:  # nothing was done: not a success
+        click.echo(f"flower-super: {exc.message}", err=True)
+        click.echo(t("cli.hint", hint=exc.hint), err=True)
+        sys.exit(1)
     except FlowerError as exc:
         _fail(exc)
 

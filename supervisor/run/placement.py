@@ -324,8 +324,12 @@ class Forked:
         procs: ProcessTree = PROCS,
         ask: Callable[[Ask], Awaitable[str | None]] | None = None,
         relay: Callable[[Ask], Awaitable[str | None]] | None = None,
+        siblings: Callable[[], set[int]] | None = None,
     ) -> None:
         self.procs = procs
+        # The live step children of the other placements in this process (a worker runs
+        # one per slot): orphans are swept around them, never through them.
+        self.siblings = siblings
         self.ask = ask  # puts a child's question to the person (only the supervisor has a terminal)
         # A worker's children ask through it: every question, a channel's too, goes on to the
         # supervisor that placed the attempt (its terminal, its copy of the channel).
@@ -561,7 +565,8 @@ class Forked:
         child.close()
         self.procs.killpg(child.pid)
         if not clean:
-            self.procs.reap_orphans(keep=set(self.children))
+            keep = set(self.children) | (self.siblings() if self.siblings else set())
+            self.procs.reap_orphans(keep=keep)
         shutil.rmtree(child.tmp, ignore_errors=True)
 
     async def close(self) -> None:
