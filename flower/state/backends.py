@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .lineage import Lineage
     from .manifest import Manifest, SharedManifest
     from .records import LedgerRow
-    from .registry import Registry, SharedRegistry
+    from .registry import Registry
     from .seam import EventRows, LedgerRows, Sessions
 
 STATE_ENV = "FLOWER_STATE"
@@ -129,7 +129,7 @@ class RunState(Protocol):
     def manifest_where(self) -> Path | str: ...
 
     @property
-    def registry(self) -> Registry | SharedRegistry: ...
+    def registry(self) -> Registry: ...
 
     @property
     def cache(self) -> CacheStore | SharedCacheStore: ...
@@ -371,7 +371,9 @@ class LocalState:
 
         aside = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-shm)?$")
         out: list[str] = []
-        for where in (self.run_dir, self.registry.dir):
+        from .registry import FLOWERS_DIRNAME
+
+        for where in (self.run_dir, self.run_dir / FLOWERS_DIRNAME):
             try:
                 names = sorted(p.name for p in where.iterdir())
             except OSError:
@@ -470,10 +472,12 @@ class SharedState:
         return f"{self.where} (manifest)"
 
     @property
-    def registry(self) -> SharedRegistry:
-        from .registry import SharedRegistry
+    def registry(self) -> Registry:
+        from .registry import Registry
 
-        return SharedRegistry(self.rows.registry, self.workspace_id, f"{self.where} (runs)")
+        return Registry(
+            rows=self.rows.registry, workspace_id=self.workspace_id, where=f"{self.where} (runs)"
+        )
 
     @property
     def cache(self) -> SharedCacheStore:

@@ -19,11 +19,14 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..i18n import define, t
 from ..util.fsutil import atomic_write_text, private_dir, set_aside
 from ..util.lazylog import lazy_logger
+
+if TYPE_CHECKING:
+    from .seam import RegistryRows
 
 log = lazy_logger("flower")  # logging loads when something is logged
 
@@ -141,11 +144,12 @@ class FlowerRecord:
             return self.state == RUNNING and lease_alive(self.heartbeat_at or self.updated_at)
         return is_alive(self.pid, self.pid_started)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields (their values are JSON already; lists and dicts are shared)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def to_json(self) -> str:
-        # No indent: json's C encoder only runs without one, and a record is rewritten several
-        # times per step (its ``completed`` grows with the flow). Its values are JSON already.
-        fields_ = {f.name: getattr(self, f.name) for f in fields(self)}
-        return json.dumps(fields_, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FlowerRecord:
@@ -154,49 +158,54 @@ class FlowerRecord:
 
 
 class Registry:
-    """Who ran here: the ``flowers/`` directory of one run_dir (the local backend).
+    """Who ran here: the run records of one run_dir (``Registry(run_dir)``, its
+    ``flowers/`` files) or of one workspace in a database (``Registry(rows=…)``, the seam's
+    :class:`~.seam.RegistryRows`). What a record holds, when it is written and which one is
+    live is decided here, once; the rows only keep them."""
 
-    :class:`SharedRegistry` is the same interface over a database's rows; callers get
-    whichever their run state has (``RunState.registry``) and never ask which.
-    """
-
-    def __init__(self, run_dir: str | Path) -> None:
-        self.run_dir = Path(run_dir)
-        self.dir = self.run_dir / FLOWERS_DIRNAME
-
-    @property
-    def where(self) -> str:
-        return str(self.dir)
-
-    def path_for(self, run_id: str) -> Path:
-        return self.dir / f"{run_id}.json"
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        *,
+        rows: RegistryRows | None = None,
+        workspace_id: str = "",
+        where: str = "",
+    ) -> None:
+        if rows is None:
+            if run_dir is None:
+                raise TypeError("Registry needs a run_dir or rows")
+            rows = FileRegistryRows(Path(run_dir))
+        self.rows = rows
+        self.workspace_id = workspace_id  # "" with files: a run_dir holds whoever ran in it
+        self.where = where or str(getattr(rows, "where", ""))
 
     def write(self, record: FlowerRecord) -> None:
-        """Replace this run's record atomically (only its own process calls this)."""
-        private_dir(self.dir)
-        record.updated_at = record.heartbeat_at = time.time()
+        """Replace this run's record (only its own process calls this)."""
+        record.updated_at = time.time()
         record.host = record.host or this_host()
-        atomic_write_text(self.path_for(record.run), record.to_json(), durable=False)
+        if self.workspace_id:
+            record.workspace_id = self.workspace_id
+        data = record.to_dict()
+        self.rows.write(data)  # sets heartbeat_at, in the backend's clock
+        record.heartbeat_at = float(data.get("heartbeat_at") or record.updated_at)
 
     def remove(self, run_id: str) -> None:
         """Forget a run's record (a start that was refused leaves no trace)."""
-        with contextlib.suppress(OSError):
-            self.path_for(run_id).unlink()
+        self.rows.remove(run_id)
 
     def get(self, run_id: str) -> FlowerRecord | None:
-        return _read(self.path_for(run_id))
+        return _record(self.rows.get(run_id))
 
     def records(self) -> list[FlowerRecord]:
         """Every readable record, oldest start first. Unreadable ones are skipped (see
         :meth:`damaged`)."""
-        out = [r for path in self._files() if (r := _read(path))]
+        out = [r for data in self.rows.records(self.workspace_id or None) if (r := _record(data))]
         out.sort(key=lambda r: (r.started_at, r.run))
         return out
 
     def damaged(self) -> list[Path]:
-        """Record files that are not a flower record (every write is an atomic replace, so
-        one is never caught half-written: these are damaged)."""
-        return [path for path in self._files() if _read(path) is None and path.exists()]
+        """Records kept as files that are not a flower record (a database keeps none)."""
+        return self.rows.damaged()
 
     def set_aside_damaged(self) -> list[Path]:
         """Move damaged records beside themselves (never deleted), one warning each."""
@@ -213,17 +222,7 @@ class Registry:
 
     def locked(self) -> Any:
         """The lock that makes "is anyone live here? then I am" atomic across processes."""
-        from filelock import FileLock
-
-        private_dir(self.run_dir)
-        return FileLock(str(self.run_dir / "flowers.lock"), mode=0o600, timeout=30)
-
-    def _files(self) -> list[Path]:
-        try:
-            names = sorted(os.listdir(self.dir))
-        except OSError:
-            return []
-        return [self.dir / n for n in names if n.endswith(".json")]
+        return self.rows.locked(self.workspace_id)
 
     def live(self, *, exclude: str | None = None) -> list[FlowerRecord]:
         """Flowers running right now: the record says running and its process is alive.
@@ -234,49 +233,59 @@ class Registry:
         return live_of(self.records(), exclude)
 
 
-class SharedRegistry:
-    """:class:`Registry`'s interface over a database's rows (:class:`~.seam.RegistryRows`),
-    seen from one workspace: its records are the ones this workspace wrote, and the lock is
-    this workspace's. A record is its JSON object there; none is ever damaged."""
+class FileRegistryRows:
+    """The run records of one run_dir as files, ``flowers/<run>.json`` (the seam's
+    :class:`~.seam.RegistryRows`): every write an atomic replace, read without a lock."""
 
-    def __init__(self, rows: Any, workspace_id: str, where: str) -> None:
-        self.rows, self.workspace_id, self.where = rows, workspace_id, where
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.dir = run_dir / FLOWERS_DIRNAME
 
-    def write(self, record: FlowerRecord) -> None:
-        record.updated_at = time.time()
-        record.host = record.host or this_host()
-        record.workspace_id = self.workspace_id
-        data = json.loads(record.to_json())
-        self.rows.write(data)
-        record.heartbeat_at = float(data.get("heartbeat_at") or record.updated_at)
+    @property
+    def where(self) -> str:
+        return str(self.dir)
 
-    def remove(self, run_id: str) -> None:
-        self.rows.remove(run_id)
+    def path_for(self, run_id: str) -> Path:
+        return self.dir / f"{run_id}.json"
 
-    def get(self, run_id: str) -> FlowerRecord | None:
-        data = self.rows.get(run_id)
-        return _checked(FlowerRecord.from_dict(data)) if isinstance(data, dict) else None
+    def write(self, record: dict[str, Any]) -> None:
+        private_dir(self.dir)
+        record["heartbeat_at"] = record.get("updated_at") or time.time()
+        # No indent: json's C encoder only runs without one, and a record is rewritten
+        # several times per step (its ``completed`` grows with the flow).
+        text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        atomic_write_text(self.path_for(str(record["run"])), text, durable=False)
 
-    def records(self) -> list[FlowerRecord]:
-        out = [
-            r
-            for data in self.rows.records(self.workspace_id)
-            if isinstance(data, dict) and (r := _checked(FlowerRecord.from_dict(data)))
-        ]
-        out.sort(key=lambda r: (r.started_at, r.run))
-        return out
+    def get(self, run: str) -> dict[str, Any] | None:
+        return _load(self.path_for(run))
+
+    def records(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
+        return [data for path in self._files() if (data := _load(path)) is not None]
+
+    def remove(self, run: str) -> None:
+        with contextlib.suppress(OSError):
+            self.path_for(run).unlink()
+
+    def heartbeat(self, run: str) -> None:
+        """The record's own rewrite is its heartbeat (files have one clock: this machine's)."""
+
+    def locked(self, workspace_id: str = "") -> Any:
+        from filelock import FileLock
+
+        private_dir(self.run_dir)
+        return FileLock(str(self.run_dir / "flowers.lock"), mode=0o600, timeout=30)
 
     def damaged(self) -> list[Path]:
-        return []
+        """Record files that are not a flower record (every write is an atomic replace, so
+        one is never caught half-written: these are damaged)."""
+        return [p for p in self._files() if _record(_load(p)) is None and p.exists()]
 
-    def set_aside_damaged(self) -> list[Path]:
-        return []
-
-    def locked(self) -> Any:
-        return self.rows.locked(self.workspace_id)
-
-    def live(self, *, exclude: str | None = None) -> list[FlowerRecord]:
-        return live_of(self.records(), exclude)
+    def _files(self) -> list[Path]:
+        try:
+            names = sorted(os.listdir(self.dir))
+        except OSError:
+            return []
+        return [self.dir / n for n in names if n.endswith(".json")]
 
 
 def live_of(records: list[FlowerRecord], exclude: str | None) -> list[FlowerRecord]:
@@ -297,13 +306,22 @@ _CHECKED: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def _read(path: Path) -> FlowerRecord | None:
+def _load(path: Path) -> dict[str, Any] | None:
+    """A record file's JSON object; None when it cannot be read as one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            return None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _record(data: dict[str, Any] | None) -> FlowerRecord | None:
+    """The record ``data`` holds, if every field readers rely on has its type."""
+    if data is None:
+        return None
+    try:
         record = FlowerRecord.from_dict(data)
-    except (OSError, ValueError, TypeError):
+    except (ValueError, TypeError):
         return None
     return _checked(record)
 

@@ -223,6 +223,10 @@ class RegistryRows(Protocol):
         """Check-then-register as one step for concurrent starts in one workspace."""
         ...
 
+    def damaged(self) -> list[Path]:
+        """Records kept as files that are not a flower record ([] where none can be)."""
+        ...
+
 
 class CacheRows(Protocol):
     def get(self, key: str) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import RunDirBusy
-from ..state.registry import FINISHED, FlowerRecord, Registry, SharedRegistry
+from ..state.registry import FINISHED, FlowerRecord, Registry
 
 if TYPE_CHECKING:
     from ..agents.agent import AgentSpec
@@ -87,7 +87,7 @@ class PriorRun:
 
 
 def prior_run(
-    registry: Registry | SharedRegistry,
+    registry: Registry,
     flow: str,
     workspace: Path,
     workspace_id: str,
@@ -106,7 +106,7 @@ def prior_run(
 
 
 def last_run(
-    registry: Registry | SharedRegistry,
+    registry: Registry,
     flow: str,
     workspace: Path,
     workspace_id: str,
@@ -125,9 +125,7 @@ def last_run(
     return mine[-1] if mine else None
 
 
-def refuse_live_conflict(
-    registry: Registry | SharedRegistry, steps: list[str], *, exclude: str
-) -> None:
+def refuse_live_conflict(registry: Registry, steps: list[str], *, exclude: str) -> None:
     """Refuse to start when a live flower here would continue one of our steps' sessions.
 
     Lineage is keyed by step name, so two live flowers sharing a step name would resume the
