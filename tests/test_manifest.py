@@ -23,6 +23,7 @@ import pytest
 import flower.state.manifest as mod
 from flower.state.manifest import (
     MANIFEST_NAME,
+    FileManifestRows,
     Manifest,
     decode,
     deferred_signals,
@@ -350,9 +351,11 @@ def test_steady_state_write_reads_only_what_others_appended(runs: Path, monkeypa
     m = Manifest(runs, "r")
     m.record(StepResult(step="first"))  # one full validation per object
     full_passes = []
-    real_full = Manifest._full_pass
+    real_full = FileManifestRows._full_pass  # the file's own writer (Manifest keeps rows there)
     monkeypatch.setattr(
-        Manifest, "_full_pass", lambda self, *a: (full_passes.append(1), real_full(self, *a))
+        FileManifestRows,
+        "_full_pass",
+        lambda self, *a: (full_passes.append(1), real_full(self, *a)),
     )
     read_sizes = []
     real_pread = mod._pread_all
@@ -371,9 +374,11 @@ def test_a_new_manifest_object_per_write_stays_fast(runs: Path, monkeypatch) -> 
     """Runtime builds a Manifest per write; objects of one run share what they know."""
     old_history(runs, 20)
     full_passes = []
-    real_full = Manifest._full_pass
+    real_full = FileManifestRows._full_pass  # the file's own writer (Manifest keeps rows there)
     monkeypatch.setattr(
-        Manifest, "_full_pass", lambda self, *a: (full_passes.append(1), real_full(self, *a))
+        FileManifestRows,
+        "_full_pass",
+        lambda self, *a: (full_passes.append(1), real_full(self, *a)),
     )
     for i in range(10):
         Manifest(runs, "per-write").record(StepResult(step=f"s{i}"))

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..cache import CacheStore, SharedCacheStore
     from .eventlog import EventLog
     from .lineage import Lineage
-    from .manifest import Manifest, SharedManifest
+    from .manifest import Manifest
     from .records import LedgerRow
     from .registry import Registry
     from .seam import EventRows, LedgerRows, Sessions
@@ -121,7 +121,7 @@ class RunState(Protocol):
 
     def peek_lineage(self) -> dict[str, Any]: ...
 
-    def manifest(self, run_id: str) -> Manifest | SharedManifest: ...
+    def manifest(self, run_id: str) -> Manifest: ...
 
     def manifest_rows(self) -> list[dict[str, Any]]: ...
 
@@ -457,11 +457,14 @@ class SharedState:
             return {}
         return {"workspace": doc.workspace, "woke": doc.woke, "steps": dict(doc.steps)}
 
-    def manifest(self, run_id: str) -> SharedManifest:
-        from .manifest import SharedManifest
+    def manifest(self, run_id: str) -> Manifest:
+        from .manifest import Manifest
 
-        return SharedManifest(
-            self.rows.manifest, self.workspace_id, run_id, f"{self.where} (manifest)"
+        return Manifest(
+            run_id=run_id,
+            rows=self.rows.manifest,
+            workspace_id=self.workspace_id,
+            where=f"{self.where} (manifest)",
         )
 
     def manifest_rows(self) -> list[dict[str, Any]]:

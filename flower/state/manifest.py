@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # a reader of the manifest (status, show) needs neither
     from filelock import FileLock
 
     from .result import StepResult
+    from .seam import ManifestRows
 
 log = lazy_logger("flower")  # logging loads when something is logged
 
@@ -234,45 +235,88 @@ def _lock_for(run_dir: Path) -> FileLock:
 
 
 class Manifest:
-    """This process's writer of ``<run_dir>/manifest.json`` (``run_id`` marks its rows).
-
-    Objects for the same file and run id share what they know, so making one per write
-    costs no more than keeping one.
+    """This process's writer of one run's manifest rows (``run_id`` marks them), in
+    ``<run_dir>/manifest.json`` (``Manifest(run_dir, run_id)``) or in a database's rows of one
+    workspace (``Manifest(rows=…, workspace_id=…)``, the seam's :class:`~.seam.ManifestRows`).
+    What a row holds is decided here, once; the rows only keep them.
     """
 
-    def __init__(self, run_dir: str | Path, run_id: str) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        run_id: str = "",
+        *,
+        rows: ManifestRows | None = None,
+        workspace_id: str = "",
+        where: str = "",
+    ) -> None:
+        if rows is None:
+            if run_dir is None:
+                raise TypeError("Manifest needs a run_dir or rows")
+            rows = FileManifestRows(Path(run_dir), run_id)
+        self.store = rows
+        self.run_id = run_id
+        self.workspace_id = workspace_id
+        self.path: Path | str = where or getattr(rows, "path", "")  # what a warning names
+
+    def record(self, result: StepResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Append ``result``'s row and return it; ``extra`` adds fields of ours to it (a
+        reused step's ``reused`` and ``saved_usd``).
+
+        Raises OSError when the row cannot be kept (the caller's one warning); with files the
+        row stays pending and lands with the next successful write.
+        """
+        row = manifest_row(result, self.run_id) | (extra or {})
+        try:
+            self.store.append(self.workspace_id, row)
+        except OSError:
+            raise
+        except Exception as exc:
+            raise OSError(str(exc)) from exc
+        return row
+
+    def check(self) -> None:
+        """Validate what is kept now rather than at the first row: a damaged file is set
+        aside (one warning) and a fresh one started before the run spends anything."""
+        self.store.check()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row kept, in order (a file read under its lock, never half-written)."""
+        return self.store.rows(self.workspace_id or None)
+
+
+class FileManifestRows:
+    """One run's manifest rows in ``<run_dir>/manifest.json`` (the seam's
+    :class:`~.seam.ManifestRows`): appended under a file lock and fsynced, a damaged file set
+    aside. Objects for the same file and run id share what they know, so making one per
+    write costs no more than keeping one.
+    """
+
+    def __init__(self, run_dir: Path, run_id: str) -> None:
+        self.run_dir = run_dir
         self.path = self.run_dir / MANIFEST_NAME
         self.run_id = run_id
         self._lock = _lock_for(self.run_dir)
         self._run = _run_state(self.path, run_id)
 
-    def record(self, result: StepResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Append ``result``'s row (under the lock, fsynced) and return the row; ``extra``
-        adds fields of ours to it (a reused step's ``reused`` and ``saved_usd``).
-
-        Raises OSError when the file cannot be written; the row stays pending and lands
-        with the next successful write.
-        """
-        row = manifest_row(result, self.run_id) | (extra or {})
+    def append(self, workspace_id: str, row: dict[str, Any]) -> None:
+        """Raises OSError when the file cannot be written; the row stays pending and lands
+        with the next successful write."""
         raw = _dumps(row)
         self._run.mine.append(raw)
         self._run.pending.append(raw)
         private_dir(self.run_dir)
         with self._lock, deferred_signals():
             self._write_locked()
-        return row
 
     def check(self) -> None:
-        """Validate the file now rather than at the first row: a damaged one is set aside
-        (one warning) and a fresh one started before the run spends anything."""
         if not self.path.exists():
             return
         with self._lock, deferred_signals():
             self._write_locked()
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every row in the file, read under the lock (never a half-written file)."""
+    def rows(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
+        """Every row in the file (a run_dir holds whichever workspaces ran in it)."""
         return read_manifest(self.run_dir)
 
     # -- writing ------------------------------------------------------------------------
@@ -471,29 +515,3 @@ def _restore(fd: int, size: int, at: int, old_tail: bytes) -> None:
         os.ftruncate(fd, size)
         _pwrite_all(fd, old_tail, at)
         os.fsync(fd)
-
-
-class SharedManifest:
-    """:class:`Manifest`'s interface over a database's rows (:class:`~.seam.ManifestRows`):
-    this run's rows of one workspace. A row is appended once, in one statement, so there is
-    no torn or damaged table to set aside; ``check`` has nothing to do."""
-
-    def __init__(self, rows: Any, workspace_id: str, run_id: str, where: str) -> None:
-        self.store, self.workspace_id, self.run_id = rows, workspace_id, run_id
-        self.path = where  # what a warning names
-
-    def record(self, result: StepResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Append ``result``'s row and return it. Raises OSError (the caller's one warning)
-        when the database cannot take it."""
-        row = manifest_row(result, self.run_id) | (extra or {})
-        try:
-            self.store.append(self.workspace_id, json.loads(_dumps(row)))
-        except Exception as exc:
-            raise OSError(str(exc)) from exc
-        return row
-
-    def check(self) -> None:
-        return None
-
-    def rows(self) -> list[dict[str, Any]]:
-        return list(self.store.rows(self.workspace_id))

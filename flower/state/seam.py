@@ -194,6 +194,11 @@ class ManifestRows(Protocol):
         """Every row in the order written; one workspace's, or all of them."""
         ...
 
+    def check(self) -> None:
+        """Make sure rows can be appended before a run spends anything (a damaged file is
+        set aside and a fresh one started; a database has nothing to check)."""
+        ...
+
 
 class RegistryRows(Protocol):
     """Who ran here. A record is a :class:`flower.state.registry.FlowerRecord` as a dict,

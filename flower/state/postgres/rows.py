@@ -15,6 +15,7 @@ block, and the block for it).
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -196,7 +197,11 @@ class PostgresManifestRows:
 
     def append(self, workspace_id: str, row: dict[str, Any]) -> None:
         """Kept through an outage (:mod:`.kept`): never raises for a database that is down."""
+        row = json.loads(json.dumps(row))  # JSON's own types only, and a copy of its own
         self._db.write("manifest.append", 0, {"workspace_id": workspace_id, "row": row}, LIVE)
+
+    def check(self) -> None:
+        """A row is appended once, in one statement: no torn table to set aside."""
 
     def rows(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
         where, params = _of_workspace(workspace_id)
