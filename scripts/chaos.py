@@ -181,7 +181,8 @@ class Flow:
         return "between"
 
     def opened(self) -> Any:
-        return open_state(self.state, run_dir=self.runs, workspace=self.ws, create=False)
+        # "": the run_dir's files, whatever FLOWER_STATE this shell has
+        return open_state(self.state or "", run_dir=self.runs, workspace=self.ws, create=False)
 
     def finished_at(self) -> dict[str, float]:
         """Each step's first row that says it finished (its end time)."""
@@ -195,6 +196,15 @@ class Flow:
             if row.get("ok") and not row.get("reused") and row.get("step") in self.steps:
                 out.setdefault(str(row["step"]), float(row.get("ended_at") or 0))
         return out
+
+    def finished(self) -> bool:
+        """Does the flow's last run say it finished (whatever its exit status)?"""
+        st = self.opened()
+        try:
+            records = st.registry.records()
+        finally:
+            st.close()
+        return bool(records) and records[-1].state == "finished"
 
     def lineage(self) -> dict[str, str]:
         st = self.opened()
@@ -215,11 +225,15 @@ class Flow:
 
 
 def child_of(pid: int) -> psutil.Process | None:
-    """The supervisor's step child (a Python process directly under it), if one runs."""
+    """The supervisor's step child that runs the step (the one with a CLI under it; a
+    child prepared for the next step has none yet), else any."""
     with contextlib.suppress(psutil.Error):
-        for c in psutil.Process(pid).children():
-            if "python" in (c.name() or "").lower() or "flower" in " ".join(c.cmdline()):
-                return c
+        kids = psutil.Process(pid).children()
+        for c in kids:
+            with contextlib.suppress(psutil.Error):
+                if any("claude" in (g.name() or "") for g in c.children(recursive=True)):
+                    return c
+        return kids[0] if kids else None
     return None
 
 
@@ -255,16 +269,18 @@ def run_flow(
     flow: Flow, backend: str, n: int, faults: int, rng: random.Random, pg: PgServer | None
 ) -> tuple[list[Fault], dict[str, Any]]:
     """Run one flow to its end with ``faults`` faults along the way: several in one run
-    while none ends it, then the command again after one that does."""
+    while none ends it, and the command again only after one that does (kill -9, SIGTERM).
+    A run that ends by itself is the flow's verdict, whatever its exit status: one that
+    fails after a fault it should have lived through is not forgiven by running it again."""
     made: list[Fault] = []
     checks: dict[str, Any] = {"survivors": 0, "lost": [], "exit": None, "out": ""}
     kinds = [k for k in KINDS if k != "outage" or pg is not None]
     left = faults
-    for _ in range(faults + 8):  # every fault that ends a run costs one more run
+    while True:
         proc = flow.start()
-        ended = False
+        killed = False
         first = True
-        while left > 0 and not ended:
+        while left > 0:
             fault = Fault(backend, n, rng.choice(kinds))
             # A run's first fault: one in five while it starts up, the rest once it has
             # asked the model something, up to 5 s later (its steps take about 2 s each).
@@ -277,11 +293,10 @@ def run_flow(
             else:
                 fault.at_s = round(rng.uniform(0.3, 3.0), 2)
             first = False
-            code, out = wait_exit(proc, fault.at_s)
-            if code is not None:  # the run ended before the moment came
-                checks["exit"], checks["out"] = code, out
-                checks["survivors"] += reap(flow)
-                ended = True
+            if proc.poll() is not None:
+                break  # it ended by itself: judged below
+            code, _ = wait_exit(proc, fault.at_s)
+            if code is not None:
                 break
             left -= 1
             fault.moment = flow.moment()
@@ -296,13 +311,17 @@ def run_flow(
                 if n_left:
                     fault.problems.append(f"{n_left} processes outlived the run")
                     checks["survivors"] += n_left
+                if code == 0 or flow.finished():
+                    # it had finished as the signal came (its record says so): that is its
+                    # end; the command again would be a new wake, not a fault's aftermath
+                    checks["exit"], checks["out"] = 0, out
+                    return made, checks
                 # What lineage names now must be what the next run continues.
                 checks["lost"].append((fault, flow.lineage(), len(flow.server.requests)))
-                ended = True
-        if ended:
-            if checks["exit"] == 0 and proc.returncode == 0:
-                break  # finished: running it again would be a new wake, not a fault
-            continue
+                killed = True
+                break
+        if killed:
+            continue  # the command again, as a person would
         code, out = wait_exit(proc, RUN_TIMEOUT_S)
         if code is None:
             proc.kill()
@@ -310,9 +329,7 @@ def run_flow(
             out += "\n(chaos: killed after the run timeout)"
         checks["exit"], checks["out"] = code, out
         checks["survivors"] += reap(flow)
-        if code == 0:  # finished: running it again would be a new wake, not a fault
-            break
-    return made, checks
+        return made, checks
 
 
 def inject(
@@ -425,8 +442,11 @@ def report(tally: Tally, args: argparse.Namespace, took: float) -> None:
     )
     for p in tally.problems[:20]:
         print(f"  ! {p}")
-    ok = not tally.problems and tally.finished == tally.flows and not tally.survivors
-    print(f"chaos: {'PASS' if ok else 'FAIL'}")
+    print(f"chaos: {'PASS' if ok(tally) else 'FAIL'}")
+
+
+def ok(tally: Tally) -> bool:
+    return not tally.problems and tally.finished == tally.flows and not tally.survivors
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -475,7 +495,7 @@ def side_by_side(args: argparse.Namespace) -> int:
             json.dumps({"tally": asdict(tally)}, indent=1, default=str), encoding="utf-8"
         )
     report(tally, args, time.monotonic() - began)
-    return 0 if not tally.problems and tally.finished == tally.flows else 1
+    return 0 if ok(tally) else 1
 
 
 @contextlib.contextmanager
@@ -560,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         shutil.rmtree(root, ignore_errors=True)
     report(tally, args, took)
-    return 0 if not tally.problems and tally.finished == tally.flows else 1
+    return 0 if ok(tally) else 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,39 @@ def test_a_violation_fails_the_campaign(tmp_path: Path) -> None:
     flow = FakeFlow()
     chaos.judge(flow, {"exit": 0, "out": "", "survivors": 0, "lost": []}, tally, [])  # type: ignore[arg-type]
     assert (tally.resent, tally.rerun, tally.lost) == (1, 1, 1), tally.problems
+
+
+def test_a_run_that_fails_by_itself_is_the_flow_s_verdict_not_run_again(tmp_path: Path) -> None:
+    """A run that ends non-zero without a fault that kills it is judged as it ended: the
+    campaign does not run the command again until it passes (that would forgive a flower
+    that fails after an outage)."""
+    import random
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import chaos
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Failing:
+        root = tmp_path
+
+        def start(self) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "raise SystemExit(3)"], stdout=subprocess.PIPE
+            )
+            started.append(proc)
+            return proc
+
+        def survivors(self) -> list[Any]:
+            return []
+
+        def mine_now(self) -> list[Any]:
+            return []
+
+    made, checks = chaos.run_flow(Failing(), "local", 0, 2, random.Random(1), None)  # type: ignore[arg-type]
+    assert checks["exit"] == 3 and len(started) == 1 and made == []
+    tally = chaos.Tally(flows=1)
+    assert not chaos.ok(tally) and chaos.ok(chaos.Tally(flows=1, finished=1))
+    assert not chaos.ok(chaos.Tally(flows=1, finished=1, survivors=1))

@@ -822,7 +822,8 @@ def test_no_api_key_reaches_any_temporal_payload_or_history(
         attempts = {i.rsplit("/", 2)[-2]: v[0] for i, v in seen.items()}
         assert attempts["B"] == 2, seen  # the takeover is in what was read
         text = json.dumps(seen, default=str, ensure_ascii=False)
-        assert "[[B]]" in text, text  # the orders themselves were read
+        # the orders themselves were read (ids and references: B's prompt is not in them)
+        assert '"call": {"label": "B"}' in text, text
         assert key not in text and key[-20:] not in text, "the API key is in an attempt"
         stored = server_t.stored_bytes()
         assert c.queue.encode() in stored  # what was read is this run's
@@ -1092,6 +1093,50 @@ def test_kill9_of_supervisors_between_b_s_result_and_its_row_takes_b_s_result_on
 
 
 RESULT_FRAME = """event->>'line' LIKE '%%"type":"result"%%'"""  # an attempt's result frame, in SQL
+
+
+def test_temporal_keeps_ids_only_no_prompt_answer_or_tool_output(
+    cluster: Callable[[dict[str, Any]], Cluster], tmp_path: Path
+) -> None:
+    """A run on a Temporal server of this test's own: afterwards, none of its prompts, the
+    agent's instructions, the model's answers or a tool's output is anywhere in that
+    server's files (its database and write-ahead log), while they are in PostgreSQL and the
+    server's files do hold the run's activity ids (the search looks in the right place)."""
+    from flower.services.temporal import temporal_server
+
+    answer, tool_out = "ANSWER-7q1x", "TOOLOUT-k2p9"
+    script = {
+        "conversations": [
+            {"name": "A", "match": {"marker": "[[A]]"}, "turns": [{"text": f"A {answer}."}]},
+            {
+                "name": "B",
+                "match": {"marker": "[[B]]"},
+                "turns": [bash(f"echo {tool_out}"), {"text": "B done."}],
+            },
+            {"name": "C", "match": {"marker": "[[C]]"}, "turns": [{"text": "C done."}]},
+        ]
+    }
+    secret = [b"do the first thing", answer.encode(), tool_out.encode(), b"test agent"]
+    with temporal_server(tmp_path / "temporal") as temporal:
+        c = cluster(script)
+        c = Cluster(c.f, temporal.target, c.queue, c.dsn, tmp_path / "own-workers")
+        try:
+            c.worker("W1")
+            sup = c.start(ABC)
+            out = finish(c, sup)
+            assert sup.returncode == 0, out + c.logs_text()
+            assert [r["ok"] for r in c.db.manifest()] == [True, True, True], out
+            held = temporal.stored_bytes()
+        finally:
+            c.stop()
+    run = c.db.manifest()[0]["run"]
+    assert f"flower/{run}/A/1".encode() in held, "the search did not see this run's activities"
+    # the texts did travel, through PostgreSQL: the B prompt carries A's answer, the
+    # tool's output is in B's transcript
+    in_pg = json.dumps(c.db.query("SELECT data FROM flower.entries"), ensure_ascii=False)
+    assert answer in in_pg and tool_out in in_pg
+    found = [m.decode() for m in secret if m in held]
+    assert not found, f"Temporal's own files hold {found}"
 
 
 def test_a_worker_killed_after_sending_b_s_result_leaves_its_takeover_nothing_to_run(

@@ -149,6 +149,19 @@ def test_a_configuration_that_cannot_be_read_is_one_line(
     assert "\n" not in err.value.message and err.value.hint
 
 
+def test_a_toml_file_that_does_not_parse_never_shows_its_api_key(tmp_path: Path) -> None:
+    """The TOML parser quotes the line it stopped at: an unclosed api_key line would put
+    the key on the person's terminal (and in a worker's log)."""
+    toml = tmp_path / "temporal.toml"
+    toml.write_text(
+        '[profile.default]\naddress = "dev:7233"\napi_key = "sk-SECRET-123\n', encoding="utf-8"
+    )
+    with pytest.raises(FlowerError) as err:
+        settings(env={"TEMPORAL_CONFIG_FILE": str(toml)})
+    assert "cannot be read" in err.value.message and "line 3" in err.value.message
+    assert "SECRET" not in err.value.message + (err.value.hint or "")
+
+
 def test_no_address_anywhere_is_one_line_naming_temporal_address(tmp_path: Path) -> None:
     with pytest.raises(FlowerError) as err:
         settings_for(Where.parse("temporal:///q"), no_file(tmp_path))

@@ -226,7 +226,7 @@ def settings(
         config = dict(profile.to_client_connect_config())  # reads the TLS files it names
     except Exception as exc:  # noqa: BLE001 - a file missing, a profile unknown, bad TOML
         raise FlowerError(
-            t("remote.config", error=_one_line(str(exc)) or type(exc).__name__),
+            t("remote.config", error=_config_error(str(exc), env) or type(exc).__name__),
             hint=t("remote.config.hint"),
         ) from None
     address = target or str(config.pop("target_host", "") or "")
@@ -397,3 +397,17 @@ def _transport_reason(text: str) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _config_error(text: str, env: Mapping[str, str]) -> str:
+    """What a configuration that cannot be read says, on one line, with no secret: a TOML
+    parse error quotes the offending line of the file (an ``api_key`` line, say), so only
+    where it is stays; a key from the environment is blotted wherever it appears."""
+    where = re.search(r"TOML parse error at line \d+, column \d+", text)
+    if where:
+        text = text[: where.end()]
+    text = re.sub(r"(?i)(api[_-]?key\W{0,3}\s*[=:]\s*)\S+", r"\1***", text)
+    key = env.get("TEMPORAL_API_KEY", "")
+    if len(key) >= 4:
+        text = text.replace(key, "***")
+    return _one_line(text)

@@ -46,6 +46,8 @@ define(
     {
         "state.scope.run_dir": ("运行目录", "RUN_DIR"),
         "state.scope.workspace": ("工作区", "WORKSPACE"),
+        "state.scope.run_dir.noun": ("运行目录", "run directory"),
+        "state.scope.workspace.noun": ("工作区", "workspace"),
         "state.damaged": ("{db} 读不了:{why}", "{db} cannot be read: {why}"),
         "state.damaged.hint": (
             "flower-super status 会说明它怎么了",
@@ -87,6 +89,11 @@ class Scope:
     @property
     def label(self) -> str:
         return t(self.label_key)
+
+    @property
+    def noun(self) -> str:
+        """What it is, in a sentence ("run directory", "workspace")."""
+        return t(f"{self.label_key}.noun")
 
     def args(self) -> list[str]:
         """The option that points a command at this state, when it is not the default."""
@@ -369,6 +376,7 @@ class LocalState:
         """The files a start set aside (damaged, torn, another workspace's, gone)."""
         import re
 
+        # what set_aside() names the files it moves: <name>.<reason>-<YYYYmmdd-HHMMSS>[-N]
         aside = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-shm)?$")
         out: list[str] = []
         from .registry import FLOWERS_DIRNAME

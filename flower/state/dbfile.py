@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,15 +130,12 @@ def read_tool_calls(run_dir: str | Path, session_id: str) -> list[LedgerRow]:
 
     from .records import LedgerRow
 
-    columns = (
-        "tool_use_id, session_id, agent_id, name, input, state, started_at, message,"
-        " response, content, is_error, ended_at"
-    )
+    names = [f.name for f in fields(LedgerRow)]
     try:
         conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
         try:
             rows = conn.execute(
-                f"SELECT {columns} FROM tool_calls"
+                f"SELECT {', '.join(names)} FROM tool_calls"
                 " WHERE session_id = ? AND agent_id IS NULL ORDER BY started_at",
                 (session_id,),
             ).fetchall()
@@ -145,12 +143,11 @@ def read_tool_calls(run_dir: str | Path, session_id: str) -> list[LedgerRow]:
             conn.close()
     except sqlite3.Error:
         return []
-    names = [name.strip() for name in columns.split(",")]
     out = []
     for row in rows:
-        fields = dict(zip(names, row, strict=True))
-        fields["is_error"] = bool(fields["is_error"])
-        out.append(LedgerRow(**fields))
+        record = dict(zip(names, row, strict=True))
+        record["is_error"] = bool(record["is_error"])
+        out.append(LedgerRow(**record))
     return out
 
 

@@ -417,10 +417,18 @@ def entry_point() -> Path:
     """The installed ``flower-super`` beside this interpreter: what workers run, so that no
     directory a person stands in (one holding a ``flower/`` folder) can shadow the package,
     as ``python -m supervisor`` would let it."""
-    path = Path(sys.executable).parent / "flower-super"
-    if not os.access(path, os.X_OK):
-        raise FlowerError(t("cluster.no_entry", path=path), hint=t("cluster.no_entry.hint"))
-    return path
+    import shutil
+    import sysconfig
+
+    # where pip put this interpreter's scripts (a venv's bin/, a --user install's own)
+    for path in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
+        if os.access(path / "flower-super", os.X_OK):
+            return path / "flower-super"
+    found = shutil.which("flower-super")
+    if found:
+        return Path(found)
+    path = Path(sysconfig.get_path("scripts")) / "flower-super"
+    raise FlowerError(t("cluster.no_entry", path=path), hint=t("cluster.no_entry.hint"))
 
 
 def _start_worker(cluster: Cluster, n: int) -> Proc:

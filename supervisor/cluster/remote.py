@@ -92,6 +92,11 @@ define(
             "加 --state postgresql://… 或设 FLOWER_STATE",
             "add --state postgresql://… or set FLOWER_STATE",
         ),
+        "remote.no_order": (
+            "尝试 {id} 的指令不在运行状态数据库里(supervisor 还没写进去,或者写在了别的库)",
+            "attempt {id}'s order is not in the state database (not written yet, or written "
+            "to another database)",
+        ),
         "remote.failed": (
             "在集群上的这次尝试没有结果:{why}",
             "the attempt on the cluster ended without a result: {why}",
@@ -109,7 +114,7 @@ HEARTBEAT_EVERY_S = 1.0
 LAST_FRAMES_S = 3.0
 #: How long an attempt may wait for a worker, and run, in all.
 SCHEDULE_TO_CLOSE = timedelta(days=2)
-ORDER_VERSION = 1
+ORDER_VERSION = 2  # 2: the call travels through the state database (order_key), not Temporal
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,7 +133,10 @@ class Order:
     workspace_id: str  # its identity: a worker checks it before running anything there
     run_dir: str  # where step logs go (its path on the supervisor's machine)
     seat: dict[str, Any]  # the Seat's plain settings
-    call: dict[str, Any]  # StepCall.wire() with the agent as flower.agents.wire.to_wire
+    # In Temporal: {"label": …} only. The call itself (StepCall.wire(), its prompt and the
+    # agent as flower.agents.wire.to_wire) is in the state database under order_key(id):
+    # a worker reads it there (take_order), so no prompt or model text is in Temporal.
+    call: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": ORDER_VERSION, **self.__dict__}
@@ -165,6 +173,22 @@ def seat_settings(seat: Seat) -> dict[str, Any]:
 
 def up(activity_id: str) -> str:
     return f"attempt/{activity_id}/up"
+
+
+def result_key(activity_id: str) -> str:
+    """Where a worker keeps an attempt's result beside its ``Result`` frame: the one copy
+    that outlives a lost frame (Temporal carries no step text to take it from)."""
+    return f"attempt/{activity_id}/result"
+
+
+def keep_result(rows: Any, activity_id: str, fields: dict[str, Any]) -> None:
+    """The attempt's result, under :func:`result_key` (before its frame is sent)."""
+    rows.append(result_key(activity_id), {"result": fields})
+
+
+def order_key(activity_id: str) -> str:
+    """Where an attempt's call waits for its worker (an event row of the state database)."""
+    return f"attempt/{activity_id}/order"
 
 
 def down(activity_id: str) -> str:
@@ -417,6 +441,11 @@ class TemporalPlacement:
         # attempt a killed supervisor left (running, queued or ended) is never started twice,
         # and one it had put on record but not yet started is started now.
         try:
+            # The call (its prompt) goes to the state database; Temporal gets its label.
+            # Attaching to an attempt a killed supervisor left, its order is there already.
+            rows = self.state.mailboxes
+            if not (call.attach and rows.read(order_key(activity_id), 0)):
+                rows.append(order_key(activity_id), {"call": order_call(call)})
             order = Order(
                 id=activity_id,
                 run=seat.run,
@@ -425,7 +454,7 @@ class TemporalPlacement:
                 workspace_id=self.state.workspace_id,
                 run_dir=str(seat.tmp.parent),
                 seat={**seat_settings(seat), **self.store},
-                call=order_call(call),
+                call={"label": call.label},
             )
             handle = await self._client.start_activity(
                 ACTIVITY,
@@ -488,9 +517,11 @@ class TemporalPlacement:
                         item = await asyncio.wait_for(nxt, LAST_FRAMES_S)
                     except TimeoutError:
                         ended = done.result()
-                        if isinstance(ended, dict):  # its result, though never as a frame
-                            return StepResult.from_dict(ended)
-                        return _failed(call, started, t("remote.failed", why=ended))
+                        kept = _result_in(mailbox) if ended is None else None
+                        if kept is not None:  # its result, though the frame came late
+                            return kept
+                        why = ended or "it returned without a result frame"
+                        return _failed(call, started, t("remote.failed", why=why))
                 else:
                     item = nxt.result()
                 if isinstance(item, Ask) and item.id in answered:
@@ -566,17 +597,47 @@ def _answered(mailbox: Mailbox) -> set[str]:
     return {item.id for item in frames if isinstance(item, Answer)}
 
 
-async def _outcome(handle: Any) -> str | dict[str, Any]:
-    """How the activity ended (it waits for the end): what it returned, when that is a
-    step's result (a worker returns the one it sent as a frame), else why it gave none."""
+async def _outcome(handle: Any) -> str | None:
+    """How the activity ended (it waits for the end): None when it returned (its result is
+    the attempt's ``Result`` frame in the mailbox: Temporal carries no step text), else
+    why it gave none."""
     try:
-        value = await handle.result()
+        await handle.result()
     except Exception as exc:  # noqa: BLE001 - said as the attempt's error
         cause = getattr(exc, "cause", None)
         return str(cause or exc)
-    if isinstance(value, dict) and isinstance(value.get("step"), str):
-        return value
-    return "it returned without a result frame"
+    return None
+
+
+def _result_in(mailbox: Mailbox) -> StepResult | None:
+    """The attempt's result as its worker sent it to the mailbox (its frame, else the copy
+    it kept under :func:`result_key`), if it did."""
+    with contextlib.suppress(Exception):
+        for item in reversed(mailbox.read(up(mailbox.id))):
+            if isinstance(item, Result):
+                return StepResult.from_dict(item.fields)
+        for _, kept in reversed(mailbox.rows.read(result_key(mailbox.id), 0)):
+            if isinstance(kept.get("result"), dict):
+                return StepResult.from_dict(kept["result"])
+    return None
+
+
+async def take_order(rows: Any, activity_id: str, wait_s: float) -> dict[str, Any]:
+    """The call of attempt ``activity_id`` from the state database (waiting up to
+    ``wait_s`` for it: a supervisor that wrote it during an outage delivers it later).
+    Raises FlowerError when it is not there."""
+    key = order_key(activity_id)
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = await asyncio.to_thread(rows.read, key, 0)
+        if found:
+            call = found[-1][1].get("call")
+            if isinstance(call, dict):
+                return call
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise FlowerError(t("remote.no_order", id=activity_id))
+        await asyncio.to_thread(rows.wait, key, 0, min(left, 5.0))
 
 
 def _failed(call: StepCall, started: float, error: str) -> StepResult:

@@ -52,6 +52,8 @@ from supervisor.cluster.remote import (
     Order,
     Pump,
     down,
+    keep_result,
+    take_order,
     up,
 )
 from supervisor.run.placement import Forked
@@ -60,6 +62,10 @@ log = logging.getLogger("flower.supervisor")
 
 #: How often a worker reaps the dead processes it adopted (see :meth:`Attempts.reap`).
 REAP_EVERY_S = 1.0
+# How long a worker waits for an attempt's order to reach the state database (written
+# there during an outage, it is delivered when the database is back) before handing the
+# attempt back to the queue.
+ORDER_WAIT_S = 20.0
 
 define(
     {
@@ -295,6 +301,9 @@ class Attempts:
         run_dir = self.here(order.run_dir)
         if not problem:
             try:
+                # The call (its prompt) is in the state database, never in Temporal.
+                rows = self.state_for(ws, run_dir).mailboxes
+                order.call = await take_order(rows, order.id, ORDER_WAIT_S)
                 self.flow_for(order.flow, ws, run_dir)
                 spec = from_wire(dict(order.call["spec"]))
             except FlowerError as exc:
@@ -317,7 +326,7 @@ class Attempts:
                 # That try sent its result and died before Temporal heard it had ended:
                 # the supervisor has the result (and may be steps further). Nothing to run.
                 say(t("worker.had_result", label=label))
-                return ended
+                return {"step": label, "in": "mailbox"}  # Temporal keeps ids only
             if sid and not _resumable(state, sid):
                 # Named before its prompt was stored (it cannot be, since 2.1.337's first
                 # entry came first): resuming it would only hear "No conversation found".
@@ -367,7 +376,12 @@ class Attempts:
             result = await self._attempt(call, seat, mailbox, order.id, interrupted)
         finally:
             self.running -= 1
-        mailbox.send(up(order.id), Result(fields=dict(jsonable(result.to_dict()))))
+        fields = dict(jsonable(result.to_dict()))
+        try:  # the frame below is the result; this, its copy for a frame that is lost
+            keep_result(mailbox.rows, order.id, fields)
+        except (FlowerError, OSError) as exc:
+            log.warning("%s", t("remote.failed", why=exc))
+        mailbox.send(up(order.id), Result(fields=fields))
         if result.ok:
             outcome = "ok"
         elif interrupted:  # the CLI's own words for a cut turn are no news to a person
@@ -375,7 +389,7 @@ class Attempts:
         else:
             outcome = result.error or ""
         say(t("worker.done", label=label, outcome=outcome))
-        return dict(jsonable(result.to_dict()))
+        return {"step": label, "in": "mailbox"}  # the result is its Result frame: ids only here
 
     async def _attempt(
         self,

@@ -11,7 +11,6 @@ be damaged.
 
 from __future__ import annotations
 
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -32,8 +31,6 @@ from flower.state.reuse import report_lines, summary
 from supervisor.inspect.runstate import Seen, lacks_password, resume_line
 
 LAST_ROWS = 10
-# What set_aside() names the files it moves: ``<name>.<reason>-<YYYYmmdd-HHMMSS>[-N]``.
-ASIDE = re.compile(r"\.(corrupt|torn|workspace|gone)-\d{8}-\d{6}(-\d+)?(-wal|-shm)?$")
 
 # States (running, finished, interrupted-resumable …) are printed as they are: they are the
 # values of --json's "state", and what a person greps for.

@@ -78,7 +78,7 @@ define(
         "flow.new_needs_ask.hint": ('flower --new "另一件事"', 'flower --new "something else"'),
         "flow.new_busy": (
             "{label} {where} 正被 flower pid {pid}(在 {host} 上)用着;--new 会把它的血缘归档",
-            "{label} {where} is in use by flower pid {pid} (on {host}); --new would archive "
+            "the {label} {where} is in use by flower pid {pid} (on {host}); --new would archive "
             "its lineage",
         ),
         "flow.new_busy.hint": (
@@ -160,8 +160,8 @@ def refuse_new_while_live(state: RunState) -> None:
         return
     message = t(
         "flow.new_busy",
-        where=state.where,
-        label=state.scope.label,
+        where=state.scope.path,
+        label=state.scope.noun,
         pid=live[0].pid,
         host=live[0].host or "?",
     )

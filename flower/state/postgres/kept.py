@@ -79,15 +79,17 @@ def workspace_lock(conn: Conn, sql: Sql, what: str, workspace_id: str) -> None:
 def lineage_put(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
     """``args``: ``workspace_id``, ``workspace``, ``woke`` (for a first entry), ``step``,
     ``sid``."""
-    workspace_lock(conn, sql, "lineage", args["workspace_id"])
-    conn.execute(sql(_LINEAGE_PUT), args)
+    with conn.transaction():  # the lock lasts until the write is done (a savepoint in one)
+        workspace_lock(conn, sql, "lineage", args["workspace_id"])
+        conn.execute(sql(_LINEAGE_PUT), args)
 
 
 def lineage_drop(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
     """``args``: ``workspace_id``, ``step``, ``sid`` (dropped only if the entry still names
     it)."""
-    workspace_lock(conn, sql, "lineage", args["workspace_id"])
-    conn.execute(sql(_LINEAGE_DROP), args)
+    with conn.transaction():  # the lock lasts until the write is done (a savepoint in one)
+        workspace_lock(conn, sql, "lineage", args["workspace_id"])
+        conn.execute(sql(_LINEAGE_DROP), args)
 
 
 def manifest_append(conn: Conn, sql: Sql, _epoch: int, args: dict[str, Any], _: Any) -> None:
