@@ -45,7 +45,9 @@ OUTAGE_S = 10.0
 GATED = "touch tool.started; until [ -e {gate} ]; do sleep 0.1; done; echo through"
 # Entry types of the CLI's own jsonl that it never mirrors to a session store
 CLI_LOCAL = {"api-request", "api-request-shape", "api-request-blob", "cost-state"}
-AFTER_RESULT = {"last-prompt"}  # what it appends after its result (not mirrored either)
+# what it appends after its result (not mirrored either); Claude Code 2.1.337 also writes an
+# api-request-route entry there
+AFTER_RESULT = {"last-prompt", "api-request-route"}
 
 
 @pytest.fixture(scope="module")
