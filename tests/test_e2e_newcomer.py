@@ -83,6 +83,9 @@ def test_once_says_at_once_that_the_endpoint_cannot_be_reached(flower_env, model
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Ctrl-C as a terminal has it: a shell that started these tests in the
+            # background (`cmd &`) left SIGINT ignored, and a child inherits that
+            preexec_fn=_sigint_as_a_terminal_has_it,
         )
     f.procs.append(proc)  # type: ignore[arg-type]
     try:
@@ -185,3 +188,7 @@ def test_the_demo_speaks_chinese_throughout_and_says_only_what_it_measured(tmp_p
     (root,) = re.findall(r"临时目录 (\S+) 已删掉", out)
     assert "--keep" in out.rsplit("临时目录", 1)[1]
     assert not os.path.exists(root)
+
+
+def _sigint_as_a_terminal_has_it() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
