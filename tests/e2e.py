@@ -297,3 +297,6 @@ def _controlling_tty() -> None:
 
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    # Ctrl-C as a terminal's shell gives it: a suite started in the background (cmd &)
+    # has SIGINT ignored, and every child would inherit that
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
