@@ -26,6 +26,10 @@ from flower.testing.pytest_temporal import temporal_queue, temporal_target  # no
 from tests.backends import backend  # noqa: F401
 from tests.e2e import Flower
 from tests.e2e_pg import PgFlower
+from tests.pg_own import (
+    own_server,  # noqa: F401 - a server of the module's own
+    server_up,  # noqa: F401 - the fixture "server"
+)
 
 
 @pytest.fixture(autouse=True)

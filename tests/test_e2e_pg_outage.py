@@ -31,7 +31,7 @@ import psycopg
 import pytest
 
 from flower.services.model_server import ModelServer
-from flower.services.postgres import PgServer, postgres_server
+from flower.services.postgres import PgServer
 from flower.testing.pytest_postgres import database_url
 from tests.e2e import kill, wait_until
 from tests.e2e_pg import PgFlower
@@ -50,13 +50,7 @@ CLI_LOCAL = {"api-request", "api-request-shape", "api-request-blob", "cost-state
 AFTER_RESULT = {"last-prompt", "api-request-route"}
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PgServer]:
-    """A server of the module's own: its tests stop and start it."""
-    with postgres_server(durable=False) as server:
-        yield server
-
-
+# own_server: tests/pg_own.py (through conftest), a server of this module's own
 @pytest.fixture
 def state(own_server: PgServer) -> Iterator[str]:
     """A fresh database on the module's server; the server is up again afterwards."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import signal
 import stat
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flower.services.postgres import PgServer, postgres_server
+from flower.services.postgres import PgServer
 from flower.state.postgres import (
     NoSuchDatabase,
     PasswordRefused,
@@ -36,6 +35,7 @@ from flower.state.postgres import (
 from flower.state.postgres.spool import spool_dir
 from flower.state.seam import Superseded
 from flower.testing.pytest_postgres import database_url
+from tests.pg_own import own_database
 
 # initdb + start of this module's own server: ~1 s idle, 5 s measured on a loaded machine.
 pytestmark = pytest.mark.timeout(120)
@@ -48,28 +48,9 @@ def e(i: int) -> dict:
     return {"type": "x", "uuid": f"u{i}", "i": i}
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PgServer]:
-    """A server of the module's own: its tests stop and start it."""
-    with postgres_server(durable=False) as server:
-        yield server
-
-
-@pytest.fixture
-def server(own_server: PgServer) -> Iterator[PgServer]:
-    """The module's server, up again after the test whatever it did."""
-    yield own_server
-    if not (own_server.data / "postmaster.pid").exists():
-        own_server.up()
-
-
 @pytest.fixture
 def dsn(own_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"t_{secrets.token_hex(6)}"
-    with psycopg.connect(own_server.dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    return database_url(own_server.dsn, name)
+    return own_database(own_server, tmp_path, monkeypatch)
 
 
 def stored(dsn: str) -> list[int]:

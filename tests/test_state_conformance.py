@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import secrets
 import signal
 import stat
 import subprocess
@@ -47,19 +46,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from claude_agent_sdk.testing import run_session_store_conformance
 
 from flower import FlowerError
 from flower.cache import Entry
 from flower.cache.store import cache_key
-from flower.services.postgres import PgServer, postgres_server
+from flower.services.postgres import PgServer
 from flower.state.backends import RunState, open_state
 from flower.state.records import LedgerRow
 from flower.state.registry import FINISHED, RUNNING, process_started
 from flower.state.result import Event, StepResult
-from flower.testing.pytest_postgres import database_url
+from tests.pg_own import own_database
 from tests.state_writes import DURABLE, KINDS, SESSION, cache_entry, entry, events, key, record
 
 # A server of the module's own for the fault suites (initdb + start, ~1-5 s), children that
@@ -487,29 +485,10 @@ def test_scope_names_the_state_as_a_person_would(place: Place, state: RunState) 
 # =============================================================================================
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PgServer]:
-    """A PostgreSQL server of the module's own: the fault suites stop and start it."""
-    with postgres_server(durable=False) as server:
-        yield server
-
-
-@pytest.fixture
-def server(own_server: PgServer) -> Iterator[PgServer]:
-    """The module's server, up again after the test whatever it did."""
-    yield own_server
-    if not (own_server.data / "postmaster.pid").exists():
-        own_server.up()
-
-
 @pytest.fixture
 def own_url(own_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh database on the module's server; this test's spool under its tmp_path."""
-    name = f"t_{secrets.token_hex(6)}"
-    with psycopg.connect(own_server.dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    return database_url(own_server.dsn, name)
+    return own_database(own_server, tmp_path, monkeypatch)
 
 
 def spooled(tmp_path: Path) -> list[Path]:
