@@ -71,7 +71,7 @@ def test_a_key_that_is_not_64_hex_digits_is_refused(store: CacheStore, bad: obje
         store.get(bad, ttl_s=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a cache key"):
         store.put(bad, entry(str(bad)))  # type: ignore[arg-type]
-    assert not store.root.exists()
+    assert not store.rows.root.exists()
 
 
 def test_put_refuses_an_entry_filed_under_another_key(store: CacheStore) -> None:
@@ -93,10 +93,10 @@ def test_put_then_get_gives_the_entry_back(store: CacheStore) -> None:
 def test_files_are_owner_only_and_sharded_by_the_key(tmp_path: Path) -> None:
     s = CacheStore(tmp_path / "run" / "cache")  # durable, as runs use it
     assert s.put(k(1), entry(k(1)))
-    path = s.root / k(1)[:2] / f"{k(1)}.json"
-    assert s.path(k(1)) == path
+    path = s.rows.root / k(1)[:2] / f"{k(1)}.json"
+    assert s.rows.path(k(1)) == path
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for d in (s.root, path.parent):
+    for d in (s.rows.root, path.parent):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp file left
     data = json.loads(path.read_text())
@@ -115,7 +115,7 @@ def test_a_second_put_replaces_the_entry(store: CacheStore) -> None:
 def test_an_empty_or_absent_store_has_no_entries(store: CacheStore) -> None:
     assert len(store) == 0
     assert store.get(k(1), ttl_s=None) is None
-    assert not store.root.exists()  # reading creates nothing
+    assert not store.rows.root.exists()  # reading creates nothing
 
 
 # --- ttl and the 90-day limit ---
@@ -136,7 +136,7 @@ def test_an_entry_older_than_90_days_is_not_served_whatever_the_ttl(store: Cache
     assert store.get(k(1), ttl_s=None, now=T0 + MAX_AGE_S - 1) is not None
     assert store.get(k(1), ttl_s=None, now=T0 + MAX_AGE_S + 1) is None
     assert store.get(k(1), ttl_s=1000 * DAY, now=T0 + MAX_AGE_S + 1) is None
-    assert store.path(k(1)).exists()  # not served is not deleted: eviction's job
+    assert store.rows.path(k(1)).exists()  # not served is not deleted: eviction's job
 
 
 def test_an_entry_from_the_future_is_not_served(store: CacheStore) -> None:
@@ -156,7 +156,7 @@ def test_the_1001st_entry_evicts_the_oldest(store: CacheStore) -> None:
         assert store.put(k(n), entry(k(n), created_at=T0 + n))
     assert len(store) == MAX_ENTRIES
     assert store.get(k(0), ttl_s=None, now=T0 + 2000) is None
-    assert not store.path(k(0)).exists()
+    assert not store.rows.path(k(0)).exists()
     assert store.get(k(1), ttl_s=None, now=T0 + 2000) is not None
     assert store.get(k(MAX_ENTRIES), ttl_s=None, now=T0 + 2000) is not None
 
@@ -164,28 +164,28 @@ def test_the_1001st_entry_evicts_the_oldest(store: CacheStore) -> None:
 def test_a_created_at_tie_goes_by_the_file_mtime(store: CacheStore) -> None:
     for n in (1, 2):
         store.put(k(n), entry(k(n)))
-    os.utime(store.path(k(1)), (T0 + 100, T0 + 100))
-    os.utime(store.path(k(2)), (T0 + 50, T0 + 50))
+    os.utime(store.rows.path(k(1)), (T0 + 100, T0 + 100))
+    os.utime(store.rows.path(k(2)), (T0 + 50, T0 + 50))
     assert store.evict(max_entries=1) == 1
-    assert store.path(k(1)).exists() and not store.path(k(2)).exists()
+    assert store.rows.path(k(1)).exists() and not store.rows.path(k(2)).exists()
 
 
 def test_eviction_sets_a_damaged_file_aside_instead_of_deleting_it(store: CacheStore) -> None:
     for n in (1, 2, 3):
         store.put(k(n), entry(k(n), created_at=T0 + n))
-    store.path(k(3)).write_text("not json")
+    store.rows.path(k(3)).write_text("not json")
     store.evict(max_entries=1)
-    assert [p.name.split(".json.")[1][:8] for p in store.path(k(3)).parent.glob("*.corrupt-*")]
-    assert len(store) == 1 and store.path(k(2)).exists()  # 3 aside, 1 evicted
+    assert [p.name.split(".json.")[1][:8] for p in store.rows.path(k(3)).parent.glob("*.corrupt-*")]
+    assert len(store) == 1 and store.rows.path(k(2)).exists()  # 3 aside, 1 evicted
 
 
 def test_eviction_reads_an_entry_whose_head_is_not_in_the_usual_order(store: CacheStore) -> None:
     store.put(k(1), entry(k(1), created_at=T0 + 10))
     store.put(k(2), entry(k(2), created_at=T0 + 20))
-    data = json.loads(store.path(k(1)).read_text())
-    store.path(k(1)).write_text(json.dumps(dict(reversed(data.items()))))
+    data = json.loads(store.rows.path(k(1)).read_text())
+    store.rows.path(k(1)).write_text(json.dumps(dict(reversed(data.items()))))
     store.evict(max_entries=1)
-    assert not store.path(k(1)).exists() and store.path(k(2)).exists()
+    assert not store.rows.path(k(1)).exists() and store.rows.path(k(2)).exists()
 
 
 # --- a damaged or unwritable store never breaks a run ---
@@ -205,30 +205,30 @@ def test_a_damaged_entry_is_moved_aside_and_is_a_miss(
     store: CacheStore, damage: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     store.put(k(1), entry(k(1)))
-    store.path(k(1)).write_bytes(damage)
+    store.rows.path(k(1)).write_bytes(damage)
     with caplog.at_level(logging.WARNING, logger="flower"):
         assert store.get(k(1), ttl_s=None, now=T0) is None
-    aside = list(store.path(k(1)).parent.glob(f"{k(1)}.json.corrupt-*"))
+    aside = list(store.rows.path(k(1)).parent.glob(f"{k(1)}.json.corrupt-*"))
     assert len(aside) == 1 and aside[0].read_bytes() == damage  # kept, byte for byte
-    assert not store.path(k(1)).exists()
+    assert not store.rows.path(k(1)).exists()
     assert str(aside[0]) in caplog.text
     assert store.put(k(1), entry(k(1)))  # the key works again
 
 
 def test_an_entry_under_the_wrong_name_is_damaged(store: CacheStore) -> None:
     store.put(k(1), entry(k(1)))
-    wrong = store.path(k(2))
+    wrong = store.rows.path(k(2))
     wrong.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(store.path(k(1)), wrong)
+    os.replace(store.rows.path(k(1)), wrong)
     assert store.get(k(2), ttl_s=None, now=T0) is None
     assert list(wrong.parent.glob("*.corrupt-*"))
 
 
 def test_an_entry_of_a_newer_flower_is_a_miss_left_in_place(store: CacheStore) -> None:
     store.put(k(1), entry(k(1)))
-    store.path(k(1)).write_text(json.dumps({"version": 2, "key": k(1)}))
+    store.rows.path(k(1)).write_text(json.dumps({"version": 2, "key": k(1)}))
     assert store.get(k(1), ttl_s=None, now=T0) is None
-    assert store.path(k(1)).exists()
+    assert store.rows.path(k(1)).exists()
 
 
 def test_an_unwritable_store_returns_false_and_warns_once(

@@ -426,6 +426,23 @@ def test_cache_a_later_put_replaces_the_entry(place: Place, state: RunState) -> 
     assert got is not None and got.ctx_value == "new"
 
 
+def test_cache_a_damaged_entry_is_a_miss_and_the_key_works_again(
+    place: Place, state: RunState
+) -> None:
+    e = cached("a", time.time())
+    state.cache.rows.put(e.key, {"version": 1, "key": "not the key"})  # what no put writes
+    assert state.cache.get(e.key, ttl_s=None) is None
+    assert state.cache.put(e.key, e) is True
+    assert place.open().cache.get(e.key, ttl_s=None) == e
+
+
+def test_cache_the_last_runs_map_reads_back_from_every_view(place: Place, state: RunState) -> None:
+    assert state.cache.read_last() == {}
+    state.cache.write_last({"a": {"hash": "h" * 64}})
+    assert place.open().cache.read_last() == {"a": {"hash": "h" * 64}}
+    assert len(place.open().cache) == 0  # the map is no entry
+
+
 # -- events ----------------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from .store import (
     MAX_ENTRIES,
     CacheStore,
     Entry,
-    SharedCacheStore,
+    FileCacheRows,
     cache_key,
     check_key,
 )
@@ -38,7 +38,7 @@ __all__ = [
     "PREFIXES",
     "CacheStore",
     "Entry",
-    "SharedCacheStore",
+    "FileCacheRows",
     "cache_key",
     "check_entry",
     "check_key",

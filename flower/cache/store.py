@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..i18n import define, t
 from ..util.fsutil import atomic_write_text, private_dir, set_aside
@@ -58,8 +58,9 @@ define(
             "not cached, the run goes on",
         ),
         "cache.unreadable": (
-            "跨运行缓存的条目 {path} 读不了:{error};当作未命中",
-            "could not read cross-run cache entry {path}: {error}; treated as a miss",
+            "跨运行缓存 {root} 读不了:{error};当作未命中,运行照常继续",
+            "could not read the cross-run cache at {root}: {error}; treated as a miss, the run "
+            "goes on",
         ),
         "cache.corrupt": (
             "跨运行缓存的条目 {path} 坏了({error}),已挪到 {aside};当作未命中",
@@ -158,96 +159,228 @@ def check_key(key: object) -> str:
     return key
 
 
+class CacheRows(Protocol):
+    """The cross-run cache's rows: the run-state seam's part for the cache
+    (:mod:`flower.state.seam` re-exports it). What an entry is and when it is served is
+    :class:`CacheStore`'s, written once above them."""
+
+    @property
+    def where(self) -> str:
+        """Where the cache lives, for a person (a folder, a database's table)."""
+        ...
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The entry (``flower.cache.Entry.to_json``'s object) or None (absent, or kept in
+        a form that is no object: then put out of the way as :meth:`discard` does)."""
+        ...
+
+    def put(self, key: str, entry: dict[str, Any]) -> None: ...
+
+    def discard(self, key: str, error: BaseException) -> None:
+        """The entry under ``key`` is damaged (``error`` says how): keep it out of the way,
+        never serving it again."""
+        ...
+
+    def evict(self, *, max_entries: int, max_age_s: float, now: float) -> int:
+        """Drop the oldest entries past ``max_entries`` (and those older than
+        ``max_age_s`` where that is cheap to find); how many went."""
+        ...
+
+    def read_last(self, workspace_id: str) -> dict[str, Any] | None:
+        """What each cross-run step of the workspace ran with last (the reuse report's
+        "why"), or None."""
+        ...
+
+    def write_last(self, workspace_id: str, last: dict[str, Any]) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
 LAST_NAME = "last.json"  # <run_dir>/cache/last.json: what each step ran with last
 
 
 class CacheStore:
-    """The cross-run cache under ``root`` (``<run_dir>/cache/``), created on the first put.
+    """The cross-run cache: what an entry is, when it is served, when it goes, written once
+    over the seam's :class:`~flower.state.seam.CacheRows`: the files of one run_dir
+    (``CacheStore(root)``, :class:`FileCacheRows`) or a database's rows (``CacheStore(rows=…,
+    workspace_id=…)``). A store that cannot answer is a miss and a put that cannot land is
+    lost, each with one warning: a cache never stops a run.
 
-    ``durable=False`` skips the fsyncs (tests and benchmarks: a put then costs no disk
-    flush); a store used by runs keeps the default.
+    ``durable=False`` skips the fsyncs of the file rows (tests and benchmarks: a put then
+    costs no disk flush); a store used by runs keeps the default.
     """
 
     key = staticmethod(cache_key)
 
-    def __init__(self, root: Path, *, durable: bool = True) -> None:
-        self.root = Path(root)
-        self.durable = durable
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        durable: bool = True,
+        rows: CacheRows | None = None,
+        workspace_id: str = "",
+    ) -> None:
+        if rows is None:
+            if root is None:
+                raise TypeError("CacheStore needs a root or rows")
+            rows = FileCacheRows(Path(root), durable=durable)
+        self.rows = rows
+        self.workspace_id = workspace_id
         self._warned: set[str] = set()
 
     def __repr__(self) -> str:
-        return f"CacheStore({str(self.root)!r})"
+        return f"CacheStore({self.rows.where!r})"
+
+    def get(self, key: str, *, ttl_s: float | None, now: float | None = None) -> Entry | None:
+        """The entry under ``key`` if there is a sound one younger than ``ttl_s`` (None: no
+        ttl) and :data:`MAX_AGE_S` at ``now`` (default: ``time.time()``); else None."""
+        check_key(key)
+        try:
+            data = self.rows.get(key)
+        except Exception as e:  # noqa: BLE001 - a store that cannot answer is a miss
+            self._warn_once("cache.unreadable", root=self.rows.where, error=e)
+            return None
+        if data is None or _newer(data):
+            return None  # a newer flower's entry: not ours to judge or move
+        try:
+            entry = Entry.from_dict(data)
+            if entry.key != key:
+                raise ValueError(f"it holds the entry of key {entry.key!r}")
+        except ValueError as e:
+            with contextlib.suppress(Exception):  # best effort: it is a miss either way
+                self.rows.discard(key, e)
+            return None
+        return entry if fresh(entry, ttl_s, now) else None
+
+    def put(self, key: str, entry: Entry) -> bool:
+        """Store ``entry`` under ``key`` (which must be ``entry.key``), then evict; True when
+        it was written. Never raises for the store: False and one warning instead."""
+        check_key(key)
+        if entry.key != key:
+            raise ValueError(f"entry.key {entry.key!r} is not the key {key!r}")
+        try:
+            data = json.loads(entry.to_json())
+        except (TypeError, ValueError, RecursionError) as e:
+            log.warning("%s", t("cache.unserializable", step=entry.step, error=e))
+            return False
+        try:
+            self.rows.put(key, data)
+        except Exception as e:  # noqa: BLE001 - a full or unreachable store never stops a run
+            self._warn_once("cache.unwritable", root=self.rows.where, error=e)
+            return False
+        with contextlib.suppress(Exception):  # best effort: a store over its size still works
+            self.evict()
+        return True
+
+    def evict(self, max_entries: int = MAX_ENTRIES) -> int:
+        """Remove the oldest entries until at most ``max_entries`` remain (and, where the
+        rows can say it cheaply, those past :data:`MAX_AGE_S`); how many went."""
+        return self.rows.evict(max_entries=max_entries, max_age_s=MAX_AGE_S, now=time.time())
+
+    def __len__(self) -> int:
+        try:
+            return len(self.rows)
+        except Exception:  # noqa: BLE001 - a store that cannot answer holds nothing usable
+            return 0
+
+    def read_last(self) -> dict[str, Any]:
+        """What each cross-run step ran with last (for the reuse report's "why")."""
+        try:
+            data = self.rows.read_last(self.workspace_id)
+        except Exception:  # noqa: BLE001 - only the report's "why" is lost
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_last(self, last: dict[str, Any]) -> None:
+        """Replace :meth:`read_last`'s map; raises OSError (only the report loses by it)."""
+        try:
+            self.rows.write_last(self.workspace_id, last)
+        except OSError:
+            raise
+        except Exception as e:
+            raise OSError(str(e)) from e
+
+    def _warn_once(self, key: str, **fields: Any) -> None:
+        # One line per store and kind: a full disk would otherwise say it at every step.
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", t(key, **fields))
+
+
+def fresh(entry: Entry, ttl_s: float | None, now: float | None = None) -> bool:
+    """Is ``entry`` younger than ``ttl_s`` (None: no ttl) and :data:`MAX_AGE_S` at ``now``?"""
+    age = (time.time() if now is None else now) - entry.created_at
+    if age > MAX_AGE_S or age < -FUTURE_SLACK_S:
+        return False
+    return ttl_s is None or age <= ttl_s
+
+
+class FileCacheRows:
+    """The cache of one run_dir as files (the seam's :class:`~flower.state.seam.CacheRows`):
+    ``<root>/<key[:2]>/<key>.json``, created on the first put, and ``<root>/last.json``
+    (one run_dir holds one map of what its steps ran with last, whatever the workspace)."""
+
+    def __init__(self, root: Path, *, durable: bool = True) -> None:
+        self.root = Path(root)
+        self.durable = durable
+
+    @property
+    def where(self) -> str:
+        return str(self.root)
 
     def path(self, key: str) -> Path:
         """The file of ``key`` (checked: ValueError for anything but a store key)."""
         check_key(key)
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str, *, ttl_s: float | None, now: float | None = None) -> Entry | None:
-        """The entry under ``key`` if there is a sound one younger than ``ttl_s`` (None: no
-        ttl) and :data:`MAX_AGE_S` at ``now`` (default: ``time.time()``); else None."""
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The entry's parsed file, or None (absent; undecodable: then set aside)."""
         path = self.path(key)
         try:
             raw = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except OSError as e:
-            self._warn_once("cache.unreadable", path=path, error=e)
-            return None
         try:
             data = json.loads(raw)
-            if _newer(data):
-                return None  # written by a newer flower: not ours to judge or move
-            entry = Entry.from_dict(data)
-            if entry.key != key:
-                raise ValueError(f"it holds the entry of key {entry.key!r}")
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError too
             self._set_aside(path, e)
             return None
-        return entry if fresh(entry, ttl_s, now) else None
+        if not isinstance(data, dict):
+            self._set_aside(path, ValueError(f"expected an object, got {type(data).__name__}"))
+            return None
+        return data
 
-    def put(self, key: str, entry: Entry) -> bool:
-        """Store ``entry`` under ``key`` (which must be ``entry.key``), then evict; True when
-        it was written. Never raises for the disk: False and one warning instead."""
+    def put(self, key: str, entry: dict[str, Any]) -> None:
         path = self.path(key)
-        if entry.key != key:
-            raise ValueError(f"entry.key {entry.key!r} is not the key {key!r}")
+        private_dir(path.parent)
+        atomic_write_text(path, json.dumps(entry), durable=self.durable)
+
+    def discard(self, key: str, error: BaseException) -> None:
+        """An entry flower cannot use is moved aside (``<key>.json.corrupt-<stamp>``), never
+        deleted."""
+        self._set_aside(self.path(key), error)
+
+    def read_last(self, workspace_id: str) -> dict[str, Any] | None:
         try:
-            text = entry.to_json()
-        except (TypeError, ValueError, RecursionError) as e:
-            log.warning("%s", t("cache.unserializable", step=entry.step, error=e))
-            return False
-        try:
-            private_dir(path.parent)
-            atomic_write_text(path, text, durable=self.durable)
-        except OSError as e:
-            self._warn_once("cache.unwritable", root=self.root, error=e)
-            return False
-        with contextlib.suppress(OSError):  # best effort: a store over its size still works
-            self.evict()
-        return True
+            data = json.loads((self.root / LAST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def write_last(self, workspace_id: str, last: dict[str, Any]) -> None:
+        private_dir(self.root)
+        atomic_write_text(self.root / LAST_NAME, json.dumps(last, ensure_ascii=False))
 
     def __len__(self) -> int:
         return len(self._files())
 
-    def read_last(self) -> dict[str, Any]:
-        """What each cross-run step ran with last (for the reuse report's "why")."""
-        try:
-            data = json.loads((self.root / LAST_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def write_last(self, last: dict[str, Any]) -> None:
-        """Replace :meth:`read_last`'s map; raises OSError (only the report loses by it)."""
-        private_dir(self.root)
-        atomic_write_text(self.root / LAST_NAME, json.dumps(last, ensure_ascii=False))
-
-    def evict(self, max_entries: int = MAX_ENTRIES) -> int:
-        """Remove the oldest entries until at most ``max_entries`` remain; how many went.
+    def evict(self, *, max_entries: int, max_age_s: float, now: float) -> int:
+        """Remove the oldest entries until at most ``max_entries`` remain.
 
         Oldest by ``created_at``, then the file's mtime; a damaged file met on the way is
-        moved aside (it no longer counts), never deleted."""
+        moved aside (it no longer counts), never deleted. Entries past ``max_age_s`` are
+        not swept apart (that would read every file at every put): they are never served
+        and, being the oldest, go first."""
         files = self._files()
         if len(files) <= max_entries:
             return 0
@@ -318,89 +451,6 @@ class CacheStore:
             log.warning("%s", t("cache.corrupt_kept", path=path, error=error, move_error=e))
             return
         log.warning("%s", t("cache.corrupt", path=path, error=error, aside=aside))
-
-    def _warn_once(self, key: str, **fields: Any) -> None:
-        # One line per store and kind: a full disk would otherwise say it at every step.
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("%s", t(key, **fields))
-
-
-def fresh(entry: Entry, ttl_s: float | None, now: float | None = None) -> bool:
-    """Is ``entry`` younger than ``ttl_s`` (None: no ttl) and :data:`MAX_AGE_S` at ``now``?"""
-    age = (time.time() if now is None else now) - entry.created_at
-    if age > MAX_AGE_S or age < -FUTURE_SLACK_S:
-        return False
-    return ttl_s is None or age <= ttl_s
-
-
-class SharedCacheStore:
-    """:class:`CacheStore`'s interface over a database's rows (:class:`flower.state.seam.
-    CacheRows`): the same keys, entries, ages and limits. A database that cannot be reached
-    is a miss (one warning), and a put that cannot land is lost: a cache never stops a run."""
-
-    key = staticmethod(cache_key)
-
-    def __init__(self, rows: Any, workspace_id: str) -> None:
-        self.rows, self.workspace_id = rows, workspace_id
-        self._warned = False
-
-    def get(self, key: str, *, ttl_s: float | None, now: float | None = None) -> Entry | None:
-        check_key(key)
-        try:
-            data = self.rows.get(key)
-        except Exception as e:  # noqa: BLE001 - a store that cannot answer is a miss
-            self._warn(e)
-            return None
-        if data is None or _newer(data):
-            return None
-        try:
-            entry = Entry.from_dict(data)
-        except ValueError:
-            return None
-        return entry if entry.key == key and fresh(entry, ttl_s, now) else None
-
-    def put(self, key: str, entry: Entry) -> bool:
-        check_key(key)
-        if entry.key != key:
-            raise ValueError(f"entry.key {entry.key!r} is not the key {key!r}")
-        try:
-            data = json.loads(entry.to_json())
-        except (TypeError, ValueError, RecursionError) as e:
-            log.warning("%s", t("cache.unserializable", step=entry.step, error=e))
-            return False
-        try:
-            self.rows.put(key, data)
-            self.rows.evict(max_entries=MAX_ENTRIES, max_age_s=MAX_AGE_S, now=time.time())
-        except Exception as e:  # noqa: BLE001 - a full or unreachable store never stops a run
-            self._warn(e)
-            return False
-        return True
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def read_last(self) -> dict[str, Any]:
-        try:
-            data = self.rows.get(self._last)
-        except Exception:  # noqa: BLE001 - only the report's "why" is lost
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def write_last(self, last: dict[str, Any]) -> None:
-        try:
-            self.rows.put(self._last, last)
-        except Exception as e:
-            raise OSError(str(e)) from e
-
-    @property
-    def _last(self) -> str:
-        return f"last/{self.workspace_id}"
-
-    def _warn(self, error: BaseException) -> None:
-        if not self._warned:
-            self._warned = True
-            log.warning("%s", t("cache.unwritable", root="the cache table", error=error))
 
 
 def _read_rest(fd: int) -> bytes:

@@ -30,7 +30,7 @@ from .._errors import FlowerError
 from ..i18n import define, t
 
 if TYPE_CHECKING:
-    from ..cache import CacheStore, SharedCacheStore
+    from ..cache import CacheStore
     from .eventlog import EventLog
     from .lineage import Lineage
     from .manifest import Manifest
@@ -139,7 +139,7 @@ class RunState(Protocol):
     def registry(self) -> Registry: ...
 
     @property
-    def cache(self) -> CacheStore | SharedCacheStore: ...
+    def cache(self) -> CacheStore: ...
 
     def event_log(self, run_id: str) -> EventLog: ...
 
@@ -491,10 +491,10 @@ class SharedState:
         )
 
     @property
-    def cache(self) -> SharedCacheStore:
-        from ..cache import SharedCacheStore
+    def cache(self) -> CacheStore:
+        from ..cache import CacheStore
 
-        return SharedCacheStore(self.rows.cache, self.workspace_id)
+        return CacheStore(rows=self.rows.cache, workspace_id=self.workspace_id)
 
     def event_log(self, run_id: str) -> EventLog:
         from .eventlog import EventLog

@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from claude_agent_sdk.types import SessionKey, SessionStore, SessionStoreEntry
 
+from ..cache.store import CacheRows
 from .errors import StateUnavailable, Superseded
 from .records import LedgerRow, LineageDoc
 
@@ -231,20 +232,6 @@ class RegistryRows(Protocol):
     def damaged(self) -> list[Path]:
         """Records kept as files that are not a flower record ([] where none can be)."""
         ...
-
-
-class CacheRows(Protocol):
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The entry (``flower.cache.Entry.to_json``'s object) or None."""
-        ...
-
-    def put(self, key: str, entry: dict[str, Any]) -> None: ...
-
-    def evict(self, *, max_entries: int, max_age_s: float, now: float) -> int:
-        """Drop entries older than ``max_age_s`` and the oldest past ``max_entries``."""
-        ...
-
-    def __len__(self) -> int: ...
 
 
 class EventRows(Protocol):

@@ -283,12 +283,24 @@ _LAST = "'last/%%'"  # flower.cache.store's key of the last run's report (%% is 
 class PostgresCacheRows:
     """The cross-run cache: one entry per key (``flower.cache.Entry.to_json``'s object)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, where: str = "the cache table") -> None:
         self._db = db
+        self.where = where
 
     def get(self, key: str) -> dict[str, Any] | None:
         found = _fetch(self._db, "SELECT entry FROM {s}.cache WHERE key = %s", (key,))
-        return dict(found[0][0]) if found else None
+        entry = found[0][0] if found else None
+        return dict(entry) if isinstance(entry, dict) else None
+
+    def discard(self, key: str, error: BaseException) -> None:
+        """A damaged row stays where it is, a miss, until eviction takes it (a row holds no
+        byte a person could want back that the JSON column did not already check)."""
+
+    def read_last(self, workspace_id: str) -> dict[str, Any] | None:
+        return self.get(f"last/{workspace_id}")
+
+    def write_last(self, workspace_id: str, last: dict[str, Any]) -> None:
+        self.put(f"last/{workspace_id}", last)
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
         sql = self._db.sql(

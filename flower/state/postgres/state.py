@@ -52,7 +52,7 @@ class PostgresState:
         self._lineage = PostgresLineageRows(self._db, f"{self.where} (lineage)")
         self._manifest = PostgresManifestRows(self._db)
         self._registry = PostgresRegistryRows(self._db)
-        self._cache = PostgresCacheRows(self._db)
+        self._cache = PostgresCacheRows(self._db, f"{self.where} (cache)")
         self._events = PostgresEventRows(self._db)
 
     def __repr__(self) -> str:
