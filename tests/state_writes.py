@@ -21,7 +21,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from flower.cache import Entry
@@ -47,14 +46,8 @@ def entry(i: int) -> dict[str, Any]:
 
 
 def events(state: RunState, run: str) -> list[dict[str, Any]]:
-    """The run's events where ``logs`` reads them (``events_of``), in order."""
-    where = state.events_of(run)
-    if isinstance(where, Path):
-        if not where.exists():
-            return []
-        return [json.loads(line) for line in where.read_text(encoding="utf-8").splitlines()]
-    rows, name = where
-    return [ev for _, ev in rows.read(name)]
+    """The run's events where ``logs`` reads them (``state.events``), in order."""
+    return [ev for _, ev in state.events.read(run)]
 
 
 def record(run: str, *, attempt: int = 0, started_at: float = 1.0, **kw: Any) -> FlowerRecord:

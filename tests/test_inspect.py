@@ -20,7 +20,7 @@ import pytest
 from flower import FlowerError
 from flower.i18n import keys, texts
 from flower.state.backends import LocalState
-from flower.state.eventlog import EventLog, events_path
+from flower.state.eventlog import EventLog, FileEventRows, events_path
 from flower.state.manifest import Manifest
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, Registry, process_started
 from flower.state.result import Event, StepResult
@@ -330,33 +330,38 @@ def test_show_reads_sessions_db_read_only(run_dir: Path, en: None) -> None:
 # -- logs ------------------------------------------------------------------------------
 
 
-def test_follow_reads_whole_lines_as_they_come_and_the_rest_after_the_end(tmp_path: Path) -> None:
-    path = tmp_path / "events.jsonl"
+def test_a_run_dirs_events_read_as_rows_give_whole_lines_as_they_come(tmp_path: Path) -> None:
+    rows = FileEventRows(tmp_path)
+    assert rows.read("r") == [] and rows.wait("r", 0, 0.0) is False  # no file yet
+    path = events_path(tmp_path, "r")
+    path.parent.mkdir(parents=True)
     path.write_bytes(b'{"a":1}\n{"b":')  # the second line is still being written
-    got: list[bytes] = []
-    polls = iter([True, True, False])
-    writes = iter([b'2}\n{"c":3}\n', b'{"d":4}\n'])
-
-    def sleep(_s: float) -> None:
-        with open(path, "ab") as f:
-            f.write(next(writes, b""))
-
-    logs.follow(path, got.append, lambda: next(polls), sleep=sleep)
-    assert got == [b'{"a":1}', b'{"b":2}', b'{"c":3}', b'{"d":4}']
+    first = rows.read("r")
+    assert [ev for _, ev in first] == [{"a": 1}]
+    after = first[-1][0]
+    assert rows.wait("r", after, 0.0) is True  # half a line is there: look again
+    assert rows.read("r", after) == []
+    with open(path, "ab") as f:
+        f.write(b"2}\nnot json\n\n[1]\n")
+    rest = rows.read("r", after)
+    assert [ev for _, ev in rest] == [{"b": 2}, {"unreadable": "not json"}, {"unreadable": "[1]"}]
+    assert rest[-1][0] == path.stat().st_size and rows.read("r", rest[-1][0]) == []
+    rows.append("r", {"c": 3})
+    assert [ev for _, ev in rows.read("r", rest[-1][0])] == [{"c": 3}]
 
 
 def test_an_event_is_one_clean_line_and_the_date_shows_when_it_changes(en: None) -> None:
-    lines = logs.Lines(width=None)
+    lines = logs.Lines(width=None).event
     day = time.mktime((2026, 1, 2, 10, 0, 0, 0, 0, -1))
     ev = {"t": day, "kind": "text", "step": "s", "text": "a\x1b[31m\nb", "payload": {}}
-    assert lines(json.dumps(ev).encode()) == ["-- 2026-01-02", "10:00:00  s  text  a ⏎ b"]
+    assert lines(ev) == ["-- 2026-01-02", "10:00:00  s  text  a ⏎ b"]
     call = {**ev, "kind": "tool_call", "tool": "Bash", "text": "ls"}
-    assert lines(json.dumps(call).encode()) == ["10:00:00  s  tool_call  Bash  ls"]
+    assert lines(call) == ["10:00:00  s  tool_call  Bash  ls"]
     step = {**ev, "kind": "step", "text": "s", "payload": {"index": 0, "total": 2}}
-    assert lines(json.dumps(step).encode()) == ["10:00:00  s  step  s 1/2"]
+    assert lines(step) == ["10:00:00  s  step  s 1/2"]
     retry = {**ev, "kind": "retry", "text": "", "payload": {"attempt": 2, "delay": 4.0}}
-    assert lines(json.dumps(retry).encode()) == ["10:00:00  s  retry  attempt=2 delay=4"]
-    assert lines(b"not json")[0].startswith("? unreadable line")
+    assert lines(retry) == ["10:00:00  s  retry  attempt=2 delay=4"]
+    assert lines({"unreadable": "not json"})[0].startswith("? unreadable line")
 
 
 # -- status ----------------------------------------------------------------------------

@@ -143,7 +143,10 @@ class RunState(Protocol):
 
     def event_log(self, run_id: str) -> EventLog: ...
 
-    def events_of(self, run_id: str) -> Path | tuple[EventRows, str]: ...
+    @property
+    def events(self) -> EventRows: ...
+
+    def events_where(self, run_id: str) -> str: ...
 
     def has_events(self, run_id: str) -> bool: ...
 
@@ -297,11 +300,17 @@ class LocalState:
 
         return EventLog.open(self.run_dir, run_id)
 
-    def events_of(self, run_id: str) -> Path:
-        """Where ``logs`` reads the run's events: the file's path."""
+    @property
+    def events(self) -> EventRows:
+        """Every run's events, read as rows (``logs``): the run_dir's event files."""
+        from .eventlog import FileEventRows
+
+        return FileEventRows(self.run_dir)
+
+    def events_where(self, run_id: str) -> str:
         from .eventlog import events_path
 
-        return events_path(self.run_dir, run_id)
+        return str(events_path(self.run_dir, run_id))
 
     def has_events(self, run_id: str) -> bool:
         from .eventlog import events_path
@@ -501,8 +510,12 @@ class SharedState:
 
         return EventLog.over_rows(self.rows.events, run_id, f"{self.where} (events)")
 
-    def events_of(self, run_id: str) -> tuple[EventRows, str]:
-        return (self.rows.events, run_id)
+    @property
+    def events(self) -> EventRows:
+        return self.rows.events
+
+    def events_where(self, run_id: str) -> str:
+        return f"{self.where} (events)"
 
     def has_events(self, run_id: str) -> bool:
         """The event rows are there to read (or to follow) whenever the database is."""

@@ -171,6 +171,73 @@ class EventLog:
             sink.close()
 
 
+class FileEventRows:
+    """The event logs of one run_dir read as the seam's :class:`~.seam.EventRows` (what
+    ``logs`` follows): a position is the byte offset just past an event's line, so a line
+    still being written is read once its newline is there. A line that is no JSON object is
+    given as ``{"unreadable": <its text>}``, never skipped in silence. Waits poll the file
+    every :data:`POLL_S` seconds (a person watching does not notice 0.2 s)."""
+
+    POLL_S = 0.2
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def where(self, run: str) -> str:
+        return str(events_path(self.run_dir, run))
+
+    def append(self, run: str, event: dict[str, Any]) -> None:
+        path = events_path(self.run_dir, run)
+        private_dir(path.parent)
+        data = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+
+    def read(self, run: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
+        try:
+            with open(events_path(self.run_dir, run), "rb") as f:
+                f.seek(after)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        out: list[tuple[int, dict[str, Any]]] = []
+        pos = after
+        for raw in data.splitlines(keepends=True):
+            if not raw.endswith(b"\n"):
+                break  # still being written
+            pos += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                ev = None
+            if not isinstance(ev, dict):
+                ev = {"unreadable": raw.decode("utf-8", "replace").strip()}
+            out.append((pos, ev))
+        return out
+
+    def wait(self, run: str, after: int, timeout: float) -> bool:
+        path = events_path(self.run_dir, run)
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError):
+                if path.stat().st_size > after:
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self.POLL_S, left))
+
+    def wait_any(self, timeout: float) -> bool:
+        """A run_dir has no listeners to wake: look again after ``timeout`` (True)."""
+        time.sleep(max(0.0, timeout))
+        return True
+
+
 def line(ev: Event, now: float | None = None) -> bytes:
     """``ev`` as the bytes of one line of ``events.jsonl``."""
     from .result import jsonable

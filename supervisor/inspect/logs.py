@@ -8,9 +8,9 @@ event rows with a state URL. RUN is a run id or a unique prefix, as ``cancel`` t
 registry resolves it); nothing means the latest run.
 
 ``-f`` keeps reading while that flower is live (its record says running and its process,
-checked by pid and start time, still exists; on another machine, its lease runs): a file is
-polled every :data:`POLL_S` seconds, a database is waited on (LISTEN/NOTIFY, waking at least
-every :data:`WAIT_S` to look at the record); once the flower is gone the rest is printed and
+checked by pid and start time, still exists; on another machine, its lease runs): the run
+state's event rows are waited on (a file is polled, a database sends NOTIFY), waking at least
+every :data:`WAIT_S` to look at the record; once the flower is gone the rest is printed and
 the command ends (exit 0). Ctrl-C ends it quietly (exit 130). A run from before the event
 log existed has no file: one line says so (exit 1).
 """
@@ -20,9 +20,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from flower import FlowerError
 from flower.i18n import define, t
@@ -34,7 +33,9 @@ from supervisor.terminal.columns import terminal_columns
 from supervisor.terminal.columns import width as cols
 from supervisor.terminal.out import echo, one_line
 
-POLL_S = 0.2  # a person watching does not notice 0.2 s; reading a record costs ~50 us
+if TYPE_CHECKING:  # the seam's module loads the SDK; logs only needs the name
+    from flower.state.seam import EventRows
+
 WAIT_S = 1.0  # a database's event wait wakes at least this often to see if the run ended
 PIPED_CHARS = 400  # a line's text when stdout is not a terminal (grep wants more than 80)
 # Payload keys that never help on one line (ids, whole tool inputs, the step itself).
@@ -57,9 +58,8 @@ define(
         "logs.header": ("-- run {run} · {flow} · {state}", "-- run {run} · {flow} · {state}"),
         "logs.date": ("-- {date}", "-- {date}"),
         "logs.none": (
-            "run {run} 没有事件日志({path} 不存在:这次运行早于事件日志,或还没开始)",
-            "run {run} has no event log ({path} does not exist: the run predates event"
-            " logs, or has not begun)",
+            "run {run} 在 {where} 里没有事件(这次运行早于事件日志,或还没开始)",
+            "run {run} has no events in {where} (the run predates event logs, or has not begun)",
         ),
         "logs.ended": ("-- 这个 flower 已结束({state})", "-- that flower has ended ({state})"),
         "logs.following": (
@@ -69,10 +69,6 @@ define(
         "logs.read_failed": ("{path} 读不了:{why}", "{path} cannot be read: {why}"),
         "logs.unreadable": ("? 读不了的一行:{line}", "? unreadable line: {line}"),
         "logs.no_runs": ("{where} 里还什么都没跑过", "nothing has run in {where} yet"),
-        "logs.none.shared": (
-            "run {run} 在 {where} 里没有事件(还没开始?)",
-            "run {run} has no events in {where} (has it begun?)",
-        ),
         "logs.no_runs.hint": (
             "在启动 flower 的目录里运行,或用 -r 指定运行目录",
             "run this where you started flower, or pass -r RUN_DIR",
@@ -97,48 +93,6 @@ def is_live(state: RunState, run: str) -> bool:
     return record is not None and record.state == RUNNING and record.alive
 
 
-# -- reading ---------------------------------------------------------------------------
-
-
-def read_lines(f: IO[bytes], buf: bytearray) -> Iterator[bytes]:
-    """The whole lines that can be read from ``f`` now; a line still being written stays in
-    ``buf`` until its newline arrives."""
-    while True:
-        chunk = f.read(65536)
-        if not chunk:
-            return
-        buf.extend(chunk)
-        while True:
-            cut = buf.find(b"\n")
-            if cut < 0:
-                break
-            line = bytes(buf[:cut])
-            del buf[: cut + 1]
-            if line.strip():
-                yield line
-
-
-def follow(
-    path: Path,
-    emit: Callable[[bytes], None],
-    live: Callable[[], bool],
-    *,
-    poll_s: float = POLL_S,
-    sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """Every line of ``path`` to ``emit``, then new ones as they come while ``live()``;
-    after it turns false, the rest of the file, then return."""
-    buf = bytearray()
-    with open(path, "rb") as f:
-        while True:
-            going = live()  # asked before reading: what was written before it ended is read
-            for line in read_lines(f, buf):
-                emit(line)
-            if not going:
-                return
-            sleep(poll_s)
-
-
 # -- one line --------------------------------------------------------------------------
 
 
@@ -149,19 +103,10 @@ class Lines:
         self.width = width  # None: not a terminal, cut at PIPED_CHARS
         self.day = ""
 
-    def __call__(self, raw: bytes) -> list[str]:
-        """One line of an event file."""
-        try:
-            ev = json.loads(raw)
-            if not isinstance(ev, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            text = raw.decode("utf-8", "replace")
-            return [t("logs.unreadable", line=one_line(text, 80))]
-        return self.event(ev)
-
     def event(self, ev: dict[str, Any]) -> list[str]:
-        """One event (a database's rows come parsed)."""
+        """One event (``{"unreadable": text}``: a line of a log that is no event)."""
+        if set(ev) == {"unreadable"}:
+            return [t("logs.unreadable", line=one_line(str(ev["unreadable"]), 80))]
         out = []
         try:
             when = time.localtime(float(ev.get("t") or 0))
@@ -229,31 +174,21 @@ def _print(state: RunState, record: FlowerRecord, follow_: bool) -> int:
     def live() -> bool:
         return follow_ and is_live(state, record.run)
 
-    source = state.events_of(record.run)
     render = Lines(_width())
-    if isinstance(source, Path):
-        while not source.exists() and live():  # a flower just started opens its log soon
-            time.sleep(POLL_S)
-        if not source.exists():
-            echo(t("logs.none", run=record.run, path=source))
-            return 1
-        _header(record, live())
-        try:
-            follow(source, lambda raw: echo("\n".join(render(raw))), live)
-        except OSError as exc:
-            why = exc.strerror or exc
-            raise FlowerError(t("logs.read_failed", path=source, why=why)) from None
-    else:
-        rows, run_id = source
-        if not follow_rows(
-            rows,
-            run_id,
+    where = state.events_where(record.run)
+    try:
+        found = follow_rows(
+            state.events,
+            record.run,
             lambda ev: echo("\n".join(render.event(ev))),
             live,
             header=lambda going: _header(record, going),
-        ):
-            echo(t("logs.none.shared", run=record.run, where=state.where))
-            return 1
+        )
+    except OSError as exc:
+        raise FlowerError(t("logs.read_failed", path=where, why=exc.strerror or exc)) from None
+    if not found:
+        echo(t("logs.none", run=record.run, where=where))
+        return 1
     if follow_:
         ended = state.registry.get(record.run) or record
         echo(t("logs.ended", state=state_of(ended)))
@@ -267,7 +202,7 @@ def _header(record: FlowerRecord, following: bool) -> None:
 
 
 def follow_rows(
-    rows: Any,
+    rows: EventRows,
     run: str,
     emit: Callable[[dict[str, Any]], None],
     live: Callable[[], bool],
