@@ -283,3 +283,37 @@ def test_a_session_begun_during_an_outage_is_continued_after_a_kill_9(
         assert not any("API Error" in t for t in req.texts()), f"request {req.seq} fed an error"
     f.assert_no_survivors()
     f.assert_state_home()
+
+
+def test_a_start_while_the_database_is_down_waits_for_it_and_runs(
+    model_server: Any, flower_env: Any, own_server: PgServer, state: str
+) -> None:
+    """The database down as the start begins (a server restart, an outage as a scheduled
+    run fires): the start says so in one line and waits; back 4 s later, the run is made
+    and ends as any other, nothing written before the database was there."""
+    server: ModelServer = model_server(
+        {
+            "conversations": [
+                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
+                for n in ("first", "second")
+            ]
+        }
+    )
+    f: PgFlower = flower_env(server, state=state)
+    own_server.down()
+    proc = f.start(flow=FLOW)
+    try:
+        time.sleep(4.0)  # the outage's length is what is tested, not a wait for an event
+        assert proc.poll() is None, "the start gave up on a database that was down for 4 s"
+        assert not server.requests, "a step ran before the run state was there"
+        own_server.up()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill(proc)
+    text = out.decode("utf-8", "replace")
+    assert proc.returncode == 0, text
+    waited = [line for line in text.splitlines() if "Ctrl-C" in line and "PostgreSQL" in line]
+    assert len(waited) == 1 and waited[0].startswith("! "), text
+    assert [r.conversation for r in server.requests if r.conversation] == ["first", "second"]
+    assert [(r["step"], r["ok"]) for r in f.manifest()] == [("first", True), ("second", True)]

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from flower.services.postgres import PgServer
+from flower.state.backends import open_state
 from flower.state.postgres import (
     NoSuchDatabase,
     PasswordRefused,
@@ -325,6 +326,22 @@ def test_a_server_that_is_down_at_start_is_one_line(server: PgServer, dsn: str) 
     with pytest.raises(PostgresUnavailable) as caught:
         PostgresSessionStore(dsn)
     assert time.monotonic() - started < 10
+    assert str(server.port) in one_line(caught.value)
+
+
+def test_a_start_waits_for_a_server_that_is_down_then_says_it_in_one_line(
+    server: PgServer, dsn: str, tmp_path: Path
+) -> None:
+    server.down()
+    said: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(PostgresUnavailable) as caught:
+        open_state(
+            dsn, run_dir=tmp_path / "runs", workspace=tmp_path, wait_s=1.5, waiting=said.append
+        )
+    took = time.monotonic() - started
+    assert 1.5 <= took < 10, took  # it tried for the time it was given, then gave up
+    assert len(said) == 1 and str(server.port) in said[0], said  # said once, not per try
     assert str(server.port) in one_line(caught.value)
 
 

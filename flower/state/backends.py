@@ -22,6 +22,7 @@ Which one: ``state`` given to :func:`open_state` (``--state URL``, ``Runtime(sta
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -45,6 +46,10 @@ __all__ = ["STATE_ENV", "LocalState", "RunState", "Scope", "SharedState", "open_
 define(
     {
         "state.scope.run_dir": ("运行目录", "RUN_DIR"),
+        "state.waiting": (
+            "{error};最多再等它 {seconds} 秒(Ctrl-C 停止)",
+            "{error}; waiting up to {seconds} s for it to come back (Ctrl-C to stop)",
+        ),
         "state.scope.workspace": ("工作区", "WORKSPACE"),
         "state.scope.run_dir.noun": ("运行目录", "run directory"),
         "state.scope.workspace.noun": ("工作区", "workspace"),
@@ -182,17 +187,50 @@ def open_state(
     run_dir: str | Path,
     workspace: str | Path,
     create: bool = True,
+    wait_s: float = 0.0,
+    waiting: Callable[[str], None] | None = None,
 ) -> RunState:
     """The run state for ``workspace``: an object already opened (returned as is), a URL, or
     None for ``$FLOWER_STATE`` / local files in ``run_dir``. A URL that is not PostgreSQL's,
     a refused password, a database that is down: one FlowerError line with a hint.
-    ``create=False`` (readers such as ``status``) never writes the workspace's identity."""
+    ``create=False`` (readers such as ``status``) never writes the workspace's identity.
+
+    ``wait_s`` > 0: a database that cannot be reached (down, restarting: a
+    :class:`StateUnavailable`) is tried again, backing off, for up to that long before its
+    line is raised; ``waiting`` gets one line saying so when the first try fails. A refused
+    password or a missing database is raised at once: waiting would not change it."""
     if state is not None and not isinstance(state, str):
         return state
     url = state_url(state)
     if url is None:
         return LocalState(run_dir, workspace)
-    return SharedState(url, run_dir=run_dir, workspace=workspace, create=create)
+    if wait_s <= 0:
+        return SharedState(url, run_dir=run_dir, workspace=workspace, create=create)
+    from tenacity import (
+        RetryCallState,
+        Retrying,
+        retry_if_exception_type,
+        stop_after_delay,
+        wait_exponential,
+    )
+
+    from .errors import StateUnavailable
+
+    def say(retry: RetryCallState) -> None:
+        failure = retry.outcome.exception() if retry.outcome else None
+        if retry.attempt_number == 1 and waiting is not None and failure is not None:
+            waiting(t("state.waiting", error=str(failure).rstrip("."), seconds=round(wait_s)))
+
+    for attempt in Retrying(
+        retry=retry_if_exception_type(StateUnavailable),
+        stop=stop_after_delay(wait_s),
+        wait=wait_exponential(multiplier=0.25, min=0.25, max=2.0),
+        before_sleep=say,
+        reraise=True,
+    ):
+        with attempt:
+            return SharedState(url, run_dir=run_dir, workspace=workspace, create=create)
+    raise AssertionError("unreachable: tenacity reraises the last failure")
 
 
 class LocalState:

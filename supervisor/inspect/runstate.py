@@ -123,8 +123,29 @@ def open_chosen(choice: Choice, *, run_dir: Path, workspace: Path, create: bool)
     """The run state ``choice`` names (:func:`flower.state.backends.open_state`): a URL that
     is not PostgreSQL's, a refused password, a database that is missing or down, a schema
     from a newer flower are each one FlowerError line with a hint. ``create=False`` (the
-    commands that only look) writes nothing into the workspace."""
-    return open_state(choice.url, run_dir=run_dir, workspace=workspace, create=create)
+    commands that only look) writes nothing into the workspace.
+
+    A start (``create``) waits up to :data:`START_WAIT_S` for a database that cannot be
+    reached, saying so in one line on stderr: a restart of the server, or an outage as a
+    scheduled run begins, delays the run instead of losing it. A command that only looks
+    says at once that the database is down."""
+    return open_state(
+        choice.url,
+        run_dir=run_dir,
+        workspace=workspace,
+        create=create,
+        wait_s=START_WAIT_S if create else 0.0,
+        waiting=_warn,
+    )
+
+
+START_WAIT_S = 30.0
+
+
+def _warn(line: str) -> None:
+    import sys
+
+    print(f"! {line}", file=sys.stderr, flush=True)
 
 
 @dataclass(eq=False, repr=False)
