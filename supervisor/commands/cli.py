@@ -226,6 +226,22 @@ define(
             "打印一个 JSON 对象,不打印文字",
             "print one JSON object instead of text",
         ),
+        "super.help.ui": (
+            "在浏览器里看运行:每次运行、它的时间线(每次尝试一条,杀掉、醒来、接手都标出来)、"
+            "每一步的对话,实时更新;也能从页面取消运行。默认只在本机(127.0.0.1)提供;"
+            "打印的地址带着令牌,看对话和取消都要它。",
+            "See runs in a browser: every run, its timeline (one bar per attempt, with kills, "
+            "wakes and takeovers marked), each step's conversation, updated live; cancel a run "
+            "from the page. Served on this machine only (127.0.0.1) unless --host says "
+            "otherwise; the address it prints carries a token that conversations and cancel "
+            "need (and, on another --host, every request).",
+        ),
+        "super.help.ui_host": (
+            "在哪个地址上提供(默认只本机;别的地址上每个请求都要令牌)",
+            "the address to serve on (default: this machine only; on any other address every "
+            "request needs the token)",
+        ),
+        "super.help.ui_port": ("端口(0:随便挑一个空闲的)", "the port (0: any free one)"),
         "super.help.status": (
             "在 RUN_DIR 里跑过的每个 flower(用状态地址时:工作区 -w 的每个 flower):"
             "在跑还是已停、状态、步骤、会话、最后几行清单。\n\n"
@@ -719,6 +735,51 @@ class _ScriptFormatHelp(click.Command):
 
         self.epilog = "\n\n".join("\b\n" + part for part in SCRIPT_FORMAT.split("\n\n"))
         super().format_epilog(ctx, formatter)
+
+
+@main.command(help=t("super.help.ui"))
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    metavar="ADDRESS",
+    help=t("super.help.ui_host"),
+)
+@click.option("--port", type=int, default=8765, show_default=True, help=t("super.help.ui_port"))
+@run_dir_option
+@workspace_option
+@state_option
+def ui(host: str, port: int, run_dir: Path, workspace: Path, state: str | None) -> None:
+    """``flower-super ui``: the web view of the runs ``status`` sees."""
+    import ipaddress
+
+    from supervisor.ui.server import UI, serve
+
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    try:
+        with looking(run_dir, workspace, state) as seen:
+            view = UI(seen.state, loopback=loopback)
+
+            def ready(bound: int) -> None:
+                shown = f"[{host}]" if ":" in host else host
+                click.echo(t("ui.serving", url=f"http://{shown}:{bound}/?token={view.token}"))
+                note = t("ui.serving.note") if loopback else t("ui.serving.note.host", host=host)
+                click.echo(note)
+
+            try:
+                serve(view, host, port, ready)
+            except OSError as exc:
+                raise FlowerError(
+                    t("ui.port_taken", host=host, port=port, why=exc.strerror or exc),
+                    hint=t("ui.port_taken.hint"),
+                ) from None
+    except FlowerError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 @main.command("model-server", cls=_ScriptFormatHelp, help=t("super.help.model_server"))

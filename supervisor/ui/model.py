@@ -1,0 +1,404 @@
+"""What the web view shows, as JSON-ready dicts, read through the run-state seam only.
+
+- :func:`runs`: every run ``status`` sees (one flower process each), newest first, with its
+  flow, state, elapsed time, steps done of total, cost, reuse, and the command that carries
+  a dead unfinished run on (as ``status`` prints it).
+- :func:`timeline`: the story of a run: the chain of runs of its flow in its workspace that
+  continued one another (from the one after the last finished run before it, to the first
+  finished one after it), each step a row (map items and judge rounds under their step),
+  each attempt a bar on one time axis, marked with how it ended; kills, wakes, takeovers and
+  retries as marks.
+- :func:`step`: one conversation as ``show --json`` gives it (the ledger's state on each
+  tool call), and the attempts of that step.
+
+An attempt is read from the run's event log (a ``step`` event opens it; a ``retry`` or a
+``placed`` event with a higher try opens the next one; the run's manifest row ends it) and
+its manifest row (how it ended, cost, session). A run that died during an attempt leaves no
+row: the bar ends with the run's last sign of life and says ``killed``; when a later run of
+the chain took the step up again, it says ``killed, woken``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from flower.state.registry import FINISHED, RUNNING, FlowerRecord, state_of
+from flower.state.result import KILLED_BY_SIGNAL
+from flower.state.reuse import summary
+
+if TYPE_CHECKING:
+    from flower.state.backends import RunState
+
+# How an attempt ended (the page's legend and colours use the same words).
+OK, FAILED, RETRIED, SIGNAL, KILLED, WOKEN, TAKEN_OVER, REUSED, RUNNING_NOW = (
+    "ok",
+    "failed",
+    "retried",
+    "killed-by-signal",
+    "killed",
+    "killed-woken",
+    "taken-over",
+    "reused",
+    "running",
+)
+
+
+def base_step(label: str) -> str:
+    """The flow step a label belongs to: ``work[3]`` and ``work·判定#1`` are ``work``'s."""
+    for sep in ("[", "·", "#"):
+        label = label.split(sep, 1)[0]
+    return label
+
+
+# -- the runs list -------------------------------------------------------------------------
+
+
+def runs(state: RunState) -> dict[str, Any]:
+    """Every run of the state, newest first (see the module docstring)."""
+    from supervisor.inspect.runstate import resume_line
+
+    records = state.registry.records()
+    rows = state.manifest_rows()
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_run.setdefault(str(row.get("run")), []).append(row)
+    out = []
+    for r in reversed(records):
+        alive = r.alive
+        st = state_of(r, alive)
+        mine = by_run.get(r.run, [])
+        done = {str(row.get("step")) for row in mine if row.get("ok")} | set(r.completed)
+        cost = sum(float(row.get("cost_usd") or 0.0) for row in mine)
+        reuse = summary(r.reuse) if r.reuse else {"reused": 0, "executed": 0, "saved_usd": 0}
+        resume = export = None
+        if not alive and st != FINISHED and r.command and not _superseded(r, records):
+            resume, export = resume_line(r.command)
+        out.append(
+            {
+                "run": r.run,
+                "flow": r.flow,
+                "workspace": r.workspace,
+                "state": st,
+                "alive": alive,
+                "started_at": r.started_at,
+                "elapsed_s": round(_end(r, alive) - r.started_at, 1),
+                "steps_done": len([s for s in r.steps if s in done]),
+                "steps_total": len(r.steps),
+                "step": r.step,
+                "woke": r.woke,
+                "cost_usd": round(cost, 6),
+                "reused": reuse["reused"],
+                "executed": reuse["executed"],
+                "saved_usd": reuse["saved_usd"],
+                "resume": resume,
+                "resume_export": export,
+                "host": r.host,
+            }
+        )
+    return {"where": state.where, "runs": out, "now": time.time()}
+
+
+def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
+    return any(
+        o.flow == r.flow
+        and o.workspace == r.workspace
+        and o.started_at > r.started_at
+        and (o.state == FINISHED or o.alive)
+        for o in everyone
+    )
+
+
+def _end(r: FlowerRecord, alive: bool) -> float:
+    if alive:
+        return time.time()
+    return max(r.started_at, r.ended_at or r.heartbeat_at or r.updated_at or r.started_at)
+
+
+# -- a run's timeline ---------------------------------------------------------------------
+
+
+def chain(records: list[FlowerRecord], run: FlowerRecord) -> list[FlowerRecord]:
+    """The runs of ``run``'s flow in its workspace that carried one another on, oldest
+    first: after the last finished one before ``run``, up to the first finished one from
+    it on."""
+    same = sorted(
+        (o for o in records if o.flow == run.flow and o.workspace == run.workspace),
+        key=lambda o: (o.started_at, o.run),
+    )
+    i = same.index(run)
+    start = i
+    while start > 0 and same[start - 1].state != FINISHED:
+        start -= 1
+    end = i
+    while end < len(same) - 1 and same[end].state != FINISHED:
+        end += 1
+    return same[start : end + 1]
+
+
+def timeline(state: RunState, run_id: str) -> dict[str, Any]:
+    """The timeline of the run ``run_id`` (KeyError when there is none)."""
+    records = state.registry.records()
+    run = next((r for r in records if r.run == run_id), None)
+    if run is None:
+        raise KeyError(run_id)
+    runs_ = chain(records, run)
+    ids = {r.run for r in runs_}
+    rows = [row for row in state.manifest_rows() if str(row.get("run")) in ids]
+    attempts: list[dict[str, Any]] = []
+    marks: list[dict[str, Any]] = []
+    for n, r in enumerate(runs_):
+        alive = r.alive
+        events = [ev for _, ev in state.events.read(r.run)]
+        mine = [row for row in rows if row.get("run") == r.run]
+        made = _attempts(r, alive, events, mine)
+        if n:
+            marks.append({"kind": "wake", "t": r.started_at, "run": r.run, "woke": r.woke})
+        marks += _marks(r, events)
+        attempts += made
+    # a killed attempt whose step a later run of the chain took up again was woken
+    for a in attempts:
+        if a["outcome"] == KILLED and any(
+            b["label"] == a["label"] and b["start"] >= a["end"] for b in attempts if b is not a
+        ):
+            a["outcome"] = WOKEN
+    for a in attempts:
+        a["id"] = f"{a['run']}:{a['label']}:{a['start']:.3f}"
+    order = _step_order(runs_, attempts)
+    steps = []
+    for name in order:
+        labels = sorted(
+            {a["label"] for a in attempts if base_step(a["label"]) == name} - {name},
+            key=_label_key,
+        )
+        steps.append({"step": name, "children": labels})
+    t0 = min([r.started_at for r in runs_] + [a["start"] for a in attempts])
+    t1 = max([_end(r, r.alive) for r in runs_] + [a["end"] for a in attempts] + [t0 + 1.0])
+    last = runs_[-1]
+    return {
+        "run": run.run,
+        "flow": run.flow,
+        "workspace": run.workspace,
+        "state": state_of(last),
+        "runs": [
+            {"run": r.run, "state": state_of(r), "started_at": r.started_at, "woke": r.woke}
+            for r in runs_
+        ],
+        "steps": steps,
+        "attempts": attempts,
+        "marks": sorted(marks, key=lambda m: float(m["t"])),
+        "t0": t0,
+        "t1": t1,
+        "cost_usd": round(sum(float(a.get("cost_usd") or 0.0) for a in attempts), 6),
+        "now": time.time(),
+    }
+
+
+def _payload(ev: dict[str, Any]) -> dict[str, Any]:
+    payload = ev.get("payload")
+    return payload if isinstance(payload, dict) else {}
+
+
+def _label_key(label: str) -> tuple[int, str]:
+    digits = "".join(c for c in label.rsplit("[", 1)[-1] if c.isdigit())
+    return (int(digits) if digits else 0, label)
+
+
+def _step_order(runs_: list[FlowerRecord], attempts: list[dict[str, Any]]) -> list[str]:
+    order: list[str] = []
+    for r in runs_:
+        for s in r.steps:
+            if s not in order:
+                order.append(s)
+    for a in attempts:
+        name = base_step(a["label"])
+        if name not in order:
+            order.append(name)
+    return order
+
+
+def _attempts(
+    r: FlowerRecord, alive: bool, events: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The attempts run ``r`` made, from its events and manifest rows."""
+    out: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}  # label -> the attempt in flight
+    end_of_run = _end(r, alive)
+    if events:
+        end_of_run = max(end_of_run, float(events[-1].get("t") or 0.0))
+
+    def begin(label: str, at: float, **more: Any) -> None:
+        a = {
+            "run": r.run,
+            "label": label,
+            "start": at,
+            "end": at,
+            "outcome": RUNNING_NOW,
+            "session_id": None,
+            "host": r.host,
+            "worker": None,
+            "cost_usd": 0.0,
+            "error": None,
+            "resumed": False,
+            "tools": 0,
+        }
+        a.update(more)
+        open_[label] = a
+        out.append(a)
+
+    for ev in events:
+        kind = ev.get("kind")
+        at = float(ev.get("t") or 0.0)
+        payload: dict[str, Any] = _payload(ev)
+        label = str(payload.get("step") or ev.get("step") or "")
+        if not label:
+            continue
+        cur = open_.get(label)
+        if kind == "step":
+            if cur is None or cur["outcome"] != RUNNING_NOW:
+                begin(label, at, resumed=bool(payload.get("resumed")))
+        elif kind == "retry" and cur is not None:
+            cur["end"], cur["outcome"] = at, RETRIED
+            cur["error"] = str(ev.get("text") or payload.get("error") or "") or None
+            begin(label, at, session_id=cur["session_id"])
+        elif kind == "placed":
+            where = {
+                "host": payload.get("host"),
+                "worker": payload.get("worker") or payload.get("pid"),
+                "try": payload.get("try"),
+            }
+            if cur is None:
+                begin(label, at, **{k: v for k, v in where.items() if k != "try"})
+            elif cur.get("worker") is None:
+                cur["host"], cur["worker"] = where["host"], where["worker"]
+            elif (cur["host"], cur["worker"]) != (where["host"], where["worker"]):
+                cur["end"], cur["outcome"] = at, TAKEN_OVER
+                begin(
+                    label,
+                    at,
+                    host=where["host"],
+                    worker=where["worker"],
+                    session_id=cur["session_id"],
+                    resumed=True,
+                )
+            cur = open_.get(label)
+        elif cur is not None:
+            if kind == "tool_call":
+                cur["tools"] += 1
+            sid = payload.get("session_id")
+            if isinstance(sid, str) and sid and cur["session_id"] is None:
+                cur["session_id"] = sid
+        if cur is not None and cur["outcome"] == RUNNING_NOW:
+            cur["end"] = max(cur["end"], at)
+    for row in rows:
+        label = str(row.get("step") or "")
+        cur = open_.get(label)
+        if cur is None or cur["outcome"] != RUNNING_NOW:
+            start = float(row.get("started_at") or row.get("ended_at") or r.started_at)
+            begin(label, start)
+            cur = open_[label]
+        cur["end"] = float(row.get("ended_at") or cur["end"])
+        cur["session_id"] = row.get("session_id") or cur["session_id"]
+        cur["cost_usd"] = float(row.get("cost_usd") or 0.0)
+        cur["num_turns"] = row.get("num_turns")
+        cur["resumed"] = bool(row.get("resumed")) or cur["resumed"]
+        error = row.get("error")
+        if row.get("reused"):
+            cur["outcome"], cur["reused"] = REUSED, row.get("reused")
+        elif row.get("ok"):
+            cur["outcome"] = OK
+        elif error == KILLED_BY_SIGNAL:
+            cur["outcome"] = SIGNAL
+        else:
+            cur["outcome"] = FAILED
+        cur["error"] = error
+    for a in out:
+        if a["outcome"] == RUNNING_NOW:
+            if alive and r.state == RUNNING:
+                a["end"] = time.time()
+            else:
+                a["end"] = max(a["end"], end_of_run)
+                a["outcome"] = KILLED
+    return out
+
+
+def _marks(r: FlowerRecord, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for ev in events:
+        kind = ev.get("kind")
+        if kind in ("handoff", "reset", "retry", "ask"):
+            payload: dict[str, Any] = _payload(ev)
+            out.append(
+                {
+                    "kind": kind,
+                    "t": float(ev.get("t") or 0.0),
+                    "run": r.run,
+                    "step": str(payload.get("step") or ev.get("step") or ""),
+                    "text": str(ev.get("text") or "")[:200],
+                }
+            )
+    if not r.alive and r.state != FINISHED:
+        out.append({"kind": "end", "t": _end(r, False), "run": r.run, "state": state_of(r)})
+    return out
+
+
+# -- one step --------------------------------------------------------------------------------
+
+
+def step(state: RunState, run_id: str, label: str) -> dict[str, Any]:
+    """The conversation of ``label`` as the run ``run_id``'s chain ran it, the ledger's
+    state on each tool call, and that step's attempts. KeyError when there is none."""
+    from supervisor.inspect.show import conversation
+
+    tl = timeline(state, run_id)
+    mine = [a for a in tl["attempts"] if a["label"] == label]
+    if not mine:
+        raise KeyError(label)
+    sessions = list(dict.fromkeys(a["session_id"] for a in mine if a["session_id"]))
+    if not sessions:
+        lineage = dict(state.peek_lineage().get("steps") or {})
+        if lineage.get(label):
+            sessions = [str(lineage[label])]
+    conversations = []
+    for sid in sessions:
+        calls = state.tool_calls(sid)
+        conversations.append(
+            {
+                "session_id": sid,
+                "turns": conversation(state, sid),
+                "tool_calls": [
+                    {
+                        "id": c.tool_use_id,
+                        "name": c.name,
+                        "state": c.state,
+                        "started_at": c.started_at,
+                        "ended_at": c.ended_at,
+                    }
+                    for c in calls
+                ],
+            }
+        )
+    return {
+        "run": run_id,
+        "label": label,
+        "flow": tl["flow"],
+        "attempts": mine,
+        "conversations": conversations,
+        "live": any(a["outcome"] == RUNNING_NOW for a in mine),
+    }
+
+
+def signature(state: RunState, positions: dict[str, int]) -> tuple[Any, ...]:
+    """What changes whenever anything a page shows changes (the live stream compares it).
+    ``positions`` keeps how far each live run's events were read, so a look reads only what
+    is new."""
+    records = state.registry.records()
+    out: list[Any] = [(r.run, r.state, r.updated_at, r.step, r.attempt) for r in records]
+    out.append(len(state.manifest_rows()))
+    for r in records:
+        if r.state == RUNNING:
+            new = state.events.read(r.run, positions.get(r.run, 0))
+            if new:
+                positions[r.run] = new[-1][0]
+            out.append((r.run, positions.get(r.run, 0)))
+    return tuple(out)
