@@ -60,6 +60,18 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
         echo "== nginx is missing (the Temporal TLS tests need it): apt-get install nginx-light" >&2
     fi
 fi
+# Chromium (Debian's package) is the browser the web view's tests drive headless
+# (tests/test_e2e_ui.py, through Playwright): installed here when missing, as nginx is.
+if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing chromium (the browser of the web view's tests)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+            || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y -q chromium >/dev/null; }
+    else
+        echo "== chromium is missing (the web view's tests need it): apt-get install chromium" >&2
+    fi
+fi
 # start_server MODULE VAR NAME: unless VAR is set already, start a throwaway server with
 # `python -m MODULE start` and export its address as VAR. Each one started is stopped when
 # this script ends, whatever the tests did; one that cannot start fails the run.

@@ -1,0 +1,284 @@
+"""``flower-super ui`` in a real browser (Debian's Chromium, headless, driven by Playwright)
+against runs made by the real CLI and the scripted model server.
+
+- A run killed with kill -9 in its second step and carried on: the step's row holds the
+  killed attempt and the continued one, in the same session, with the wake mark; the step's
+  page shows that one conversation. With local state and with PostgreSQL.
+- A running flow: its next step appears on the open timeline without a reload, within 2 s;
+  cancel from the page stops the run as ``flower-super cancel`` does (one killed-by-signal
+  row). With local state and with PostgreSQL (the page follows its notifications).
+- The token: on loopback a conversation and every action need it; on another address every
+  request does.
+
+Screenshots (runs, a timeline, a step page; light and dark) are written to
+``artifacts/ui/`` (``FLOWER_UI_SHOTS`` moves it), which CI keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import REPO, Flower, kill, wait_until
+from tests.e2e_pg import STATES
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+FLOW = "tests.flows.basic:two"
+HOLD = 90
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = Path(os.environ.get("FLOWER_UI_SHOTS") or REPO / "artifacts" / "ui")
+GATED = "touch tool.started; until [ -e gate ]; do sleep 0.1; done; echo through"
+
+
+def bash(command: str) -> dict[str, Any]:
+    return {"tool_use": {"name": "Bash", "input": {"command": command, "description": "t"}}}
+
+
+@pytest.fixture(params=STATES)
+def state(request: pytest.FixtureRequest) -> str | None:
+    return request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "Chromium is missing: the test command installs it (apt)"
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class UI:
+    """One ``flower-super ui`` process serving a Flower's run state."""
+
+    def __init__(self, f: Flower, *args: str) -> None:
+        argv = f.argv("ui", "-r", str(f.runs), "-w", str(f.ws), "--port", "0", *args)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=f.root,
+            env=f.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        f.procs.append(self.proc)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode("utf-8", "replace")
+        found = re.search(r"(http://\S+)/\?token=(\S+)", line)
+        assert found, f"flower-super ui printed no URL: {line!r}"
+        self.base, self.token = found.group(1), found.group(2)
+        self.url = f"{self.base}/?token={self.token}"
+
+    def get(self, path: str, token: str | None = None) -> int:
+        req = urllib.request.Request(self.base + path)
+        if token is not None:
+            req.add_header("X-Flower-Token", token)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as res:
+                return int(res.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+
+def page_of(browser: Any, ui: UI, theme: str = "light") -> Any:
+    page = browser.new_page(viewport={"width": 1280, "height": 760}, color_scheme=theme)
+    page.goto(ui.url)  # the token becomes a cookie; the address bar drops it
+    page.wait_for_selector("body[data-view='runs']", timeout=15_000)
+    assert "token" not in page.url
+    return page
+
+
+def shoot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(200)  # the last paint
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def latest_run(f: Flower) -> str:
+    _code, doc = f.status_json()
+    return str(doc["flowers"][-1]["run"])
+
+
+def test_a_kill_9_and_its_wake_show_in_one_row_in_one_session(
+    model_server: Any, flower_env: Any, state: str | None, browser: Any
+) -> None:
+    server = model_server(
+        {
+            "conversations": [
+                {"name": "first", "match": {"marker": "[[first]]"}, "turns": [{"text": "ok."}]},
+                {
+                    "name": "second",
+                    "match": {"marker": "[[second]]"},
+                    "turns": [
+                        bash("echo ran >> counter.txt"),
+                        {"text": "second done.", "delay": HOLD, "times": 1},
+                    ],
+                },
+            ]
+        }
+    )
+    f: Flower = flower_env(server, state=state)
+    proc = f.start(flow=FLOW)
+    server.wait_for(
+        lambda reqs: any(r.conversation == "second" and r.turn == 1 for r in reqs), timeout=60
+    )
+    sid = f.lineage()["steps"]["second"]
+    wait_until(lambda: f.has_tool_result(sid), 10, "the tool result in the store")
+    assert kill(proc) == -signal.SIGKILL
+    code, out = f.run(flow=FLOW)
+    assert code == 0, out
+    run = latest_run(f)
+
+    ui = UI(f)
+    for theme in ("light", "dark"):
+        page = page_of(browser, ui, theme)
+        assert page.locator("#runs tr.run").count() == 2
+        if state is None:
+            shoot(page, f"runs-{theme}")
+        page.click(f"a[href='#/run/{run}']")
+        page.wait_for_selector("body[data-view='run']")
+        bars = page.locator(".tl-row[data-step='second'] .bar")
+        outcomes = [bars.nth(i).get_attribute("data-outcome") for i in range(bars.count())]
+        assert outcomes == ["killed-woken", "ok"], outcomes
+        sessions = {bars.nth(i).get_attribute("data-session") for i in range(bars.count())}
+        assert sessions == {sid}, sessions
+        assert page.locator(".mark[data-kind='wake']").count() == 1
+        assert page.locator(".tl-row[data-step='first'] .bar").count() >= 1
+        bars.first.click()
+        assert page.locator("#detail .session").inner_text() == sid
+        if state is None:
+            shoot(page, f"timeline-{theme}")
+        page.click("#detail a")
+        page.wait_for_selector("body[data-view='step']")
+        shown = page.locator("code.session-id")
+        assert shown.count() == 1 and shown.inner_text() == sid
+        assert page.locator("details.tool[data-tool='Bash'] .ledger.done").count() == 1
+        if state is None:
+            shoot(page, f"step-{theme}")
+        page.close()
+
+
+def test_a_new_step_shows_live_and_cancel_from_the_page_stops_the_run(
+    model_server: Any, flower_env: Any, state: str | None, browser: Any
+) -> None:
+    server = model_server(
+        {
+            "conversations": [
+                {
+                    "name": "first",
+                    "match": {"marker": "[[first]]"},
+                    "turns": [bash(GATED), {"text": "first done."}],
+                },
+                {
+                    "name": "second",
+                    "match": {"marker": "[[second]]"},
+                    "turns": [{"text": "second done.", "delay": HOLD}],
+                },
+            ]
+        }
+    )
+    f: Flower = flower_env(server, state=state)
+    proc = f.start(flow=FLOW)
+    try:
+        wait_until(lambda: (f.ws / "tool.started").exists(), 60, "the held tool call")
+        run = latest_run(f)
+        ui = UI(f)
+        page = page_of(browser, ui)
+        page.goto(f"{ui.base}/#/run/{run}")
+        page.wait_for_selector(".tl-row[data-step='first'] .bar[data-outcome='running']")
+        assert page.locator(".tl-row[data-step='second'] .bar").count() == 0
+        (f.ws / "gate").touch()
+        server.wait_for(lambda reqs: any(r.conversation == "second" for r in reqs), timeout=60)
+        seen_at = time.monotonic()  # the second step began before it asked the model
+        page.wait_for_selector(".tl-row[data-step='second'] .bar", timeout=15_000)
+        took = time.monotonic() - seen_at
+        assert took <= 2.0, f"the new step showed {took:.2f} s after it began"
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#cancel")
+        code = proc.wait(timeout=60)
+        assert code == -signal.SIGTERM, code  # what flower-super cancel does to it
+        page.wait_for_selector("[role='status']", timeout=15_000)
+        rows = [r for r in f.manifest() if r["step"] == "second"]
+        assert [r.get("error") for r in rows] == ["killed-by-signal"], rows
+        page.wait_for_selector(".tl-row[data-step='second'] .bar[data-outcome='killed-by-signal']")
+        page.close()
+    finally:
+        (f.ws / "gate").touch()
+        if proc.poll() is None:
+            kill(proc)
+
+
+def test_the_token_guards_conversations_actions_and_other_addresses(
+    model_server: Any, flower_env: Any, browser: Any
+) -> None:
+    server = model_server(
+        {
+            "conversations": [
+                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
+                for n in ("first", "second")
+            ]
+        }
+    )
+    f: Flower = flower_env(server)
+    code, out = f.run(flow=FLOW)
+    assert code == 0, out
+    run = latest_run(f)
+
+    local = UI(f)  # loopback: lists and timelines open, a conversation and cancel need it
+    assert local.get("/api/runs") == 200
+    assert local.get(f"/api/runs/{run}/timeline") == 200
+    assert local.get(f"/api/runs/{run}/steps/second") == 403
+    assert local.get(f"/api/runs/{run}/steps/second", token=local.token) == 200
+    assert local.get(f"/api/runs/{run}/steps/second", token="wrong") == 403
+    req = urllib.request.Request(f"{local.base}/api/runs/{run}/cancel", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=10)
+    assert refused.value.code == 403
+
+    anywhere = UI(f, "--host", "0.0.0.0")  # another address: every request needs it
+    assert anywhere.get("/") == 403 and anywhere.get("/api/runs") == 403
+    assert anywhere.get("/static/app.js") == 403 and anywhere.get("/api/stream") == 403
+    assert anywhere.get("/api/runs", token=anywhere.token) == 200
+    page = browser.new_page()
+    page.goto(f"{anywhere.base}/")
+    assert "token" in page.content()  # the refusal, not the page
+    page.goto(anywhere.url)
+    page.wait_for_selector("body[data-view='runs']")
+    assert page.locator("#runs tr.run").count() == 1
+    # nothing secret on the page: no key, no token in what it shows
+    text = page.content()
+    assert f.env["ANTHROPIC_API_KEY"] not in text and anywhere.token not in text
+    page.close()
+    for each in (local, anywhere):
+        each.proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            each.proc.wait(timeout=10)
+        assert each.proc.poll() is not None, "flower-super ui did not stop on Ctrl-C"
