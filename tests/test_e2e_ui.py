@@ -7,6 +7,8 @@ against runs made by the real CLI and the scripted model server.
 - A running flow: its next step appears on the open timeline without a reload, within 2 s;
   cancel from the page stops the run as ``flower-super cancel`` does (one killed-by-signal
   row). With local state and with PostgreSQL (the page follows its notifications).
+- A question an attempt asks, answered from the page while the terminal waits: the
+  attempt gets the page's answer, the terminal shows it answered.
 - The token: on loopback a conversation and every action need it; on another address every
   request does.
 
@@ -17,6 +19,7 @@ Screenshots (runs, a timeline, a step page; light and dark) are written to
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -282,3 +285,43 @@ def test_the_token_guards_conversations_actions_and_other_addresses(
         with contextlib.suppress(subprocess.TimeoutExpired):
             each.proc.wait(timeout=10)
         assert each.proc.poll() is not None, "flower-super ui did not stop on Ctrl-C"
+
+
+def test_a_question_is_answered_from_the_page_and_the_terminal_sees_it_answered(
+    model_server: Any, flower_env: Any, browser: Any, tmp_path: Path
+) -> None:
+    from tests.test_e2e_starter import ASK, BRIEF, MET, script, tool
+
+    clarify = [tool("mcp__human__ask", question="输出放哪个文件?", options=["out.html", "out.md"])]
+    ws = tmp_path / "f0" / "ws"  # where flower_env puts its first workspace
+    server = model_server(
+        script(ws, clarify=[*clarify, BRIEF], coordinate=["做完了。"], verdict=MET)
+    )
+    f: Flower = flower_env(server)
+    assert f.ws == ws
+    # stdin open and silent: a person at the terminal who does not answer
+    proc = f.start(ASK, "--no-goal", stdin=subprocess.PIPE)
+    try:
+        wait_until(lambda: f.runs.joinpath("flowers").exists(), 60, "the run's record")
+        ui = UI(f)
+        page = page_of(browser, ui)
+        page.goto(f"{ui.base}/#/run/{latest_run(f)}")
+        page.wait_for_selector(".question button.option", timeout=60_000)
+        assert page.locator(".question").count() == 1
+        page.click(".question button.option:text('out.md')")
+        page.wait_for_selector("[role='status']")
+        # the clarifier asks again once it has the answer (the tool's result)
+        server.wait_for(lambda reqs: len([r for r in reqs if r.conversation == "clarify"]) >= 2)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill(proc)
+    text = out.decode("utf-8", "replace")
+    assert proc.returncode == 0, text
+    assert "+ out.md" in text, text  # the terminal saw it answered, by the page
+    asked = [r for r in server.requests if r.conversation == "clarify"]
+    assert any("out.md" in json.dumps(r.messages[-1], ensure_ascii=False) for r in asked[1:])
+    page.reload()
+    page.wait_for_selector("body[data-view='run']")
+    assert page.locator(".question").count() == 0
+    page.close()

@@ -26,6 +26,7 @@ from typing import Any
 
 from flower import Runtime, Workbench
 from flower.i18n import define, t
+from flower.people.answers import AnswerWatch
 from flower.state.backends import RunState
 from flower.state.registry import INTERRUPTED, KILLED
 from flower.state.reuse import report_lines
@@ -186,6 +187,8 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
     )
     term.listen()
     beat = asyncio.get_running_loop().create_task(_heartbeat(rt))
+    # the page (flower-super ui) may answer the channel's questions too; the first answer wins
+    answers = AnswerWatch(rt.state.events, rt.run_id, wf.channel).start() if wf.channel else None
     try:
         ctx = await wf.run(
             rt,
@@ -197,6 +200,8 @@ async def _main(wf: Workflow, rt: Runtime, args: StartArgs, term: Terminal) -> i
         )
     finally:
         beat.cancel()
+        if answers is not None:
+            answers.stop()
         term.stop()
         # Before rt.drain(): an oracle's attempt is a child of the same placement.
         await term.oracle.drain()

@@ -190,8 +190,27 @@ def timeline(state: RunState, run_id: str) -> dict[str, Any]:
         "t0": t0,
         "t1": t1,
         "cost_usd": round(sum(float(a.get("cost_usd") or 0.0) for a in attempts), 6),
+        "questions": questions(state, last) if last.state == RUNNING and last.alive else [],
         "now": time.time(),
     }
+
+
+def questions(state: RunState, r: FlowerRecord) -> list[dict[str, Any]]:
+    """The questions run ``r`` waits on an answer to, oldest first (its ``ask`` events)."""
+    waiting: dict[str, dict[str, Any]] = {}
+    for _, ev in state.events.read(r.run):
+        if ev.get("kind") != "ask":
+            continue
+        p = _payload(ev)
+        qid = str(p.get("id") or "")
+        if not qid:
+            continue
+        if p.get("state") == "asked":
+            options = [str(o) for o in p.get("options") or []]
+            waiting[qid] = {"id": qid, "run": r.run, "question": ev.get("text"), "options": options}
+        else:
+            waiting.pop(qid, None)
+    return list(waiting.values())
 
 
 def _payload(ev: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,8 @@ Safety, by default and always:
   the runs and timelines are served without it; a transcript (a step's conversation) and
   every action (cancel) need it, wherever the server listens. On any other address every
   request needs it.
+- Actions: cancel a live run; answer a question it waits on (posted to the run's answers
+  mailbox, :mod:`flower.people.answers`: the terminal and the page race, the first wins).
 - An action must also come from the page itself (its ``Origin`` is this server).
 - What the pages and the stream carry is what ``status``/``show`` print: no API key, no
   password (state URLs are shown masked), never the state URL in full.
@@ -153,6 +155,24 @@ def app(ui: UI) -> Any:
             return JSONResponse({"error": str(exc)}, status_code=409)
         return JSONResponse({"run": done.record.run, "stopped": done.stopped})
 
+    async def api_answer(request: Request) -> Response:
+        if (no := guard(request, private=True)) is not None:
+            return no
+        if not same_origin(request):
+            return JSONResponse({"error": "origin"}, status_code=403)
+        from flower.people.answers import post
+
+        try:
+            body = await request.json()
+            ask_id, text = str(body["id"]), str(body["text"]).strip()
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": "id and text"}, status_code=400)
+        if not text:
+            return JSONResponse({"error": "empty answer"}, status_code=400)
+        run = request.path_params["run"]
+        await ui.read(lambda: post(ui.state.events, run, ask_id, text))
+        return JSONResponse({"run": run, "id": ask_id, "posted": True})
+
     async def stream(request: Request) -> Response:
         if (no := guard(request)) is not None:
             return no
@@ -191,6 +211,7 @@ def app(ui: UI) -> Any:
             Route("/api/runs/{run}/timeline", api_timeline),
             Route("/api/runs/{run}/steps/{label:path}", api_step),
             Route("/api/runs/{run}/cancel", api_cancel, methods=["POST"]),
+            Route("/api/runs/{run}/answer", api_answer, methods=["POST"]),
             Route("/api/stream", stream),
         ]
     )

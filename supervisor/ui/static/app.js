@@ -177,6 +177,7 @@ function renderTimeline(tl) {
         onchange: (e) => { state.zoom = Number(e.target.value); renderTimeline(tl); } })),
       live ? el("button", { type: "button", class: "danger", id: "cancel", onclick: () => cancelRun(tl.runs[tl.runs.length - 1].run),
         text: T("ui.cancel") }) : null),
+    (tl.questions || []).map(questionBox),
     el("div", { class: "legend" }, OUTCOMES.map((o) => el("span", {}, el("i", { class: "bar " + o }), T("ui.outcome." + o)))),
     el("div", { class: "tl", id: "timeline" },
       el("div", { class: "tl-grid", style: `width:${220 + width}px` },
@@ -202,6 +203,30 @@ function showAttempt(tl, a) {
     el("a", { href: `#/run/${encodeURIComponent(tl.run)}/step/${encodeURIComponent(a.label)}`, text: T("ui.open_step") }),
     " ", el("button", { type: "button", onclick: () => { box.hidden = true; state.selected = null; }, text: "×" }));
   box.hidden = false;
+}
+
+function questionBox(q) {
+  const input = el("input", { type: "text", class: "answer-text", placeholder: T("ui.answer.placeholder") });
+  const send = (text) => answer(q, text);
+  return el("div", { class: "question", "data-id": q.id },
+    el("strong", { text: T("ui.question") + " " }), q.question || "",
+    el("div", { class: "options" },
+      q.options.map((o) => el("button", { type: "button", class: "option", onclick: () => send(o), text: o })),
+      input,
+      el("button", { type: "button", class: "send", onclick: () => send(input.value), text: T("ui.answer") })));
+}
+
+async function answer(q, text) {
+  if (!String(text || "").trim()) return;
+  const res = await fetch(`/api/runs/${encodeURIComponent(q.run)}/answer`, {
+    method: "POST", credentials: "same-origin",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ id: q.id, text }),
+  });
+  const body = await res.json().catch(() => ({}));
+  if (res.status === 403) alert(T("ui.token.needed"));
+  else if (!res.ok) alert(T("ui.answer.failed", { why: body.error || res.status }));
+  else notice(T("ui.answer.sent", { text }));
 }
 
 async function cancelRun(run) {
