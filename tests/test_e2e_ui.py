@@ -9,6 +9,8 @@ against runs made by the real CLI and the scripted model server.
   row). With local state and with PostgreSQL (the page follows its notifications).
 - A question an attempt asks, answered from the page while the terminal waits: the
   attempt gets the page's answer, the terminal shows it answered.
+- On the cluster (PostgreSQL, Temporal workers): a worker killed mid-step shows the
+  takeover, two bars on two workers, and the tool call the ledger kept from running again.
 - The token: on loopback a conversation and every action need it; on another address every
   request does.
 
@@ -79,6 +81,30 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+@pytest.fixture
+def on_cluster(
+    model_server: Any,
+    flower_env: Any,
+    temporal_target: str,
+    temporal_queue: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> Iterator[Any]:
+    """tests/test_e2e_cluster.py's cluster: a workspace whose attempts run on workers."""
+    from tests.test_e2e_cluster import Cluster
+
+    made: list[Any] = []
+
+    def make(spec: dict[str, Any]) -> Any:
+        f = flower_env(model_server(spec))
+        made.append(Cluster(f, temporal_target, temporal_queue, pg_dsn, tmp_path / "workers"))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.stop()
+
+
 class UI:
     """One ``flower-super ui`` process serving a Flower's run state."""
 
@@ -126,8 +152,8 @@ def shoot(page: Any, name: str) -> None:
 
 
 def latest_run(f: Flower) -> str:
-    _code, doc = f.status_json()
-    return str(doc["flowers"][-1]["run"])
+    _code, out = f.status("-w", str(f.ws), "--json")
+    return str(json.loads(out)["flowers"][-1]["run"])
 
 
 def test_a_kill_9_and_its_wake_show_in_one_row_in_one_session(
@@ -325,3 +351,50 @@ def test_a_question_is_answered_from_the_page_and_the_terminal_sees_it_answered(
     page.wait_for_selector("body[data-view='run']")
     assert page.locator(".question").count() == 0
     page.close()
+
+
+def test_a_takeover_on_the_cluster_shows_two_bars_on_two_workers_and_the_kept_tool_call(
+    on_cluster: Any, browser: Any
+) -> None:
+    """PostgreSQL + Temporal workers: the worker running B is killed after B's Bash call
+    finished; the other takes B over in its session. The page shows both attempts in B's
+    row, the second on the other worker, and the Bash call once, done (the ledger kept it
+    from running again)."""
+    from tests.test_e2e_cluster import ABC, B_WAITS, abc_script, finish, kill_worker
+
+    c = on_cluster(abc_script(B_WAITS))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    server.wait_for(lambda reqs: any(r.conversation == "B" and r.turn == 1 for r in reqs), 90)
+    victim = c.running("B")
+    other = next(w for w in c.workers if w is not victim)
+    sid = wait_until(lambda: c.db.session_of("B"), 10, "B's session in lineage")
+    wait_until(lambda: c.db.has_tool_result(sid), 10, "B's tool result in PostgreSQL")
+    assert kill_worker(victim) == -signal.SIGKILL
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    assert (f.ws / "b-ran.txt").read_text().splitlines() == [victim.name]
+
+    ui = UI(f)
+    page = page_of(browser, ui)
+    page.goto(f"{ui.base}/#/run/{latest_run(f)}")
+    page.wait_for_selector("body[data-view='run']")
+    bars = page.locator(".tl-row[data-step='B'] .bar")
+    outcomes = [bars.nth(i).get_attribute("data-outcome") for i in range(bars.count())]
+    assert outcomes == ["taken-over", "ok"], outcomes
+    workers = [bars.nth(i).get_attribute("data-worker") for i in range(2)]
+    assert workers[0] and workers[1] and workers[0] != workers[1], workers
+    assert {bars.nth(i).get_attribute("data-session") for i in range(2)} == {sid}
+    assert page.locator(".mark[data-kind='takeover']").count() == 1
+    bars.nth(1).click()
+    assert page.locator("#detail .where").inner_text().endswith(str(workers[1]))
+    shoot(page, "timeline-takeover")
+    page.click("#detail a")
+    page.wait_for_selector("body[data-view='step']")
+    calls = page.locator("details.tool[data-tool='Bash']")
+    assert calls.count() == 1 and calls.locator(".ledger.done").count() == 1
+    assert page.locator("code.session-id").inner_text() == sid
+    page.close()
+    assert other.proc.poll() is None

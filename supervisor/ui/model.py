@@ -164,6 +164,8 @@ def timeline(state: RunState, run_id: str) -> dict[str, Any]:
             a["outcome"] = WOKEN
     for a in attempts:
         a["id"] = f"{a['run']}:{a['label']}:{a['start']:.3f}"
+        if a["outcome"] == TAKEN_OVER:
+            marks.append({"kind": "takeover", "t": a["end"], "run": a["run"], "step": a["label"]})
     order = _step_order(runs_, attempts)
     steps = []
     for name in order:

@@ -60,6 +60,7 @@ define(
         "ui.mark.wake": ("醒来 #{n}", "wake #{n}"),
         "ui.mark.handoff": ("交接到新会话", "handoff to a fresh session"),
         "ui.mark.reset": ("重置", "reset"),
+        "ui.mark.takeover": ("接手", "takeover"),
         "ui.mark.retry": ("重试", "retry"),
         "ui.mark.ask": ("提问", "question"),
         "ui.mark.end": ("运行结束({state})", "run ended ({state})"),
