@@ -210,6 +210,7 @@ def test_a_kill_9_and_its_wake_show_in_one_row_in_one_session(
         shown = page.locator("code.session-id")
         assert shown.count() == 1 and shown.inner_text() == sid
         assert page.locator("details.tool[data-tool='Bash'] .ledger.done").count() == 1
+        assert page.locator("details.steplog").count() == 2  # the step's log of each run
         if state is None:
             shoot(page, f"step-{theme}")
         page.close()

@@ -21,6 +21,7 @@ the chain took the step up again, it says ``killed, woken``.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, state_of
@@ -399,14 +400,44 @@ def step(state: RunState, run_id: str, label: str) -> dict[str, Any]:
                 ],
             }
         )
+    from flower.util.fsutil import file_name
+
+    logs = []
+    for run in dict.fromkeys(a["run"] for a in mine):
+        path = state.run_dir / "logs" / run / f"{file_name(label)}.log"
+        text = _tail(path)
+        if text is not None:
+            logs.append({"run": run, "path": str(path), "text": text})
+    handoff = Path(tl["workspace"]) / ".flower" / "notes" / f"交接-{base_step(label)}.md"
+    handoff_text = _tail(handoff)
     return {
         "run": run_id,
         "label": label,
         "flow": tl["flow"],
         "attempts": mine,
         "conversations": conversations,
+        "logs": logs,
+        "handoff": None if handoff_text is None else {"path": str(handoff), "text": handoff_text},
         "live": any(a["outcome"] == RUNNING_NOW for a in mine),
     }
+
+
+TAIL_BYTES = 64 * 1024  # of a step's log on the page: its end, where a run is now
+
+
+def _tail(path: Path) -> str | None:
+    """The last :data:`TAIL_BYTES` of ``path`` as text, or None (absent, unreadable: a step
+    that ran on another machine keeps its log there)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return None
+    text = data.decode("utf-8", "replace")
+    return text if size <= TAIL_BYTES else "…" + text.split("\n", 1)[-1]
 
 
 def signature(state: RunState, positions: dict[str, int]) -> tuple[Any, ...]:

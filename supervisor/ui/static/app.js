@@ -280,6 +280,16 @@ function renderStep(doc) {
     }
     parts.push(body);
   }
+  if (doc.handoff) {
+    parts.push(el("h2", { text: T("ui.handoff") }),
+      el("details", { class: "handoff", open: true }, el("summary", { text: doc.handoff.path }),
+        el("pre", { class: "doc", text: doc.handoff.text })));
+  }
+  for (const log of doc.logs || []) {
+    parts.push(el("h2", { text: `${T("ui.log")} · ${log.run}` }),
+      el("details", { class: "steplog", open: doc.live }, el("summary", { text: log.path }),
+        el("pre", { class: "doc", text: log.text || T("ui.log.empty") })));
+  }
   put(main, ...parts);
 }
 
