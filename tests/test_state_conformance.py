@@ -363,6 +363,25 @@ def test_registry_records_read_back_oldest_start_first(place: Place, state: RunS
     assert [r.run for r in state.registry.records()] == ["early"]
 
 
+def test_workspaces_are_each_workspace_with_runs_seen_on_its_own(
+    place: Place, state: RunState, tmp_path: Path
+) -> None:
+    state.registry.write(record("mine", started_at=10.0))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = open_state(place.url, run_dir=place.run_dir, workspace=elsewhere)
+    place.opened.append(other)
+    other.registry.write(record("theirs", started_at=20.0))
+    seen = place.open().workspaces()
+    assert seen[0].workspace_id == state.workspace_id  # its own first
+    runs = [[r.run for r in each.registry.records()] for each in seen]
+    if state.shared:  # a database holds each workspace apart: two views, one run each
+        assert runs == [["mine"], ["theirs"]]
+        assert seen[1].workspace_id == other.workspace_id
+    else:  # a run_dir holds whoever ran in it: one view with both
+        assert runs == [["mine", "theirs"]]
+
+
 def test_registry_live_is_a_running_record_of_a_living_process(
     place: Place, state: RunState
 ) -> None:

@@ -260,6 +260,19 @@ def run_on_own_runtime(main: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
     neither anywhere ``main`` does not own, and the runtime is collected here, before the
     interpreter ends.
     """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run_on_own_runtime(main)
+    # called from a thread that runs an event loop (a caller's own, e.g. a browser driver's):
+    # asyncio.run cannot run there, so it runs on a thread of its own, waited for
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="flower-temporal") as pool:
+        return pool.submit(_run_on_own_runtime, main).result()
+
+
+def _run_on_own_runtime(main: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
     from temporalio.runtime import Runtime, TelemetryConfig
 
     runtime = Runtime(telemetry=TelemetryConfig())

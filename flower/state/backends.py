@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .eventlog import EventLog
     from .lineage import Lineage
     from .manifest import Manifest
+    from .postgres import PostgresState
     from .records import LedgerRow
     from .registry import Registry
     from .seam import EventRows, LedgerRows, Sessions
@@ -171,6 +172,8 @@ class RunState(Protocol):
     def set_aside(self) -> list[str]: ...
 
     def settle(self, timeout: float) -> bool: ...
+
+    def workspaces(self) -> list[RunState]: ...
 
     def close(self) -> None: ...
 
@@ -440,6 +443,11 @@ class LocalState:
         """Files are written where they belong as they happen: nothing is ever waiting."""
         return True
 
+    def workspaces(self) -> list[RunState]:
+        """Every workspace this state holds runs of, each as a state of its own: a run_dir
+        holds whoever ran in it, so it is one."""
+        return [self]
+
     def close(self) -> None:
         if self._sessions is not None:
             self._sessions.close()
@@ -451,17 +459,27 @@ class SharedState:
     shared = True
 
     def __init__(
-        self, url: str, *, run_dir: str | Path, workspace: str | Path, create: bool = True
+        self,
+        url: str,
+        *,
+        run_dir: str | Path,
+        workspace: str | Path,
+        create: bool = True,
+        rows: PostgresState | None = None,
+        workspace_id: str | None = None,
     ) -> None:
-        from .postgres import PostgresState
+        if rows is None:
+            from .postgres import PostgresState
 
-        self.rows = PostgresState(url)
+            rows = PostgresState(url)
+        self.rows = rows
         self.where = self.rows.where
         self.run_dir = Path(run_dir).expanduser().absolute()
         self.workspace = Path(workspace).expanduser().resolve()
         self._create = create
-        self._workspace_id: str | None = None
+        self._workspace_id: str | None = workspace_id
         self._sessions: Any = None
+        self._owns_rows = workspace_id is None
 
     def __repr__(self) -> str:
         return f"SharedState({self.where!r})"
@@ -594,5 +612,27 @@ class SharedState:
         waits up to ``timeout`` s; True when nothing is left on the machine."""
         return bool(self.rows.settle(timeout))
 
+    def workspaces(self) -> list[RunState]:
+        """Every workspace with runs in the database, each as a state of its own (this one
+        first), sharing this one's connection; the others are never created or written."""
+        out: list[RunState] = [self]
+        seen = {self.workspace_id}
+        for record in self.rows.registry.records(None):
+            ws_id = str(record.get("workspace_id") or "")
+            if not ws_id or ws_id in seen:
+                continue
+            seen.add(ws_id)
+            view = SharedState(
+                "",
+                run_dir=self.run_dir,
+                workspace=str(record.get("workspace") or ws_id),
+                create=False,
+                rows=self.rows,
+                workspace_id=ws_id,
+            )
+            out.append(view)
+        return out
+
     def close(self) -> None:
-        self.rows.close()
+        if self._owns_rows:
+            self.rows.close()

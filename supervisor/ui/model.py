@@ -56,7 +56,24 @@ def base_step(label: str) -> str:
 
 
 def runs(state: RunState) -> dict[str, Any]:
-    """Every run of the state, newest first (see the module docstring)."""
+    """Every run of the state, of every workspace it holds, newest first (see the module
+    docstring)."""
+    out: list[dict[str, Any]] = []
+    for each in state.workspaces():
+        out += _runs_of(each)
+    out.sort(key=lambda r: (r["started_at"], r["run"]), reverse=True)
+    return {"where": state.where, "runs": out, "now": time.time()}
+
+
+def state_of_run(state: RunState, run: str) -> RunState:
+    """The workspace's state that holds run ``run`` (KeyError when none does)."""
+    for each in state.workspaces():
+        if each.registry.get(run) is not None:
+            return each
+    raise KeyError(run)
+
+
+def _runs_of(state: RunState) -> list[dict[str, Any]]:
     from supervisor.inspect.runstate import resume_line
 
     records = state.registry.records()
@@ -65,7 +82,7 @@ def runs(state: RunState) -> dict[str, Any]:
     for row in rows:
         by_run.setdefault(str(row.get("run")), []).append(row)
     out = []
-    for r in reversed(records):
+    for r in records:
         alive = r.alive
         st = state_of(r, alive)
         mine = by_run.get(r.run, [])
@@ -97,7 +114,7 @@ def runs(state: RunState) -> dict[str, Any]:
                 "host": r.host,
             }
         )
-    return {"where": state.where, "runs": out, "now": time.time()}
+    return out
 
 
 def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
@@ -139,6 +156,7 @@ def chain(records: list[FlowerRecord], run: FlowerRecord) -> list[FlowerRecord]:
 
 def timeline(state: RunState, run_id: str) -> dict[str, Any]:
     """The timeline of the run ``run_id`` (KeyError when there is none)."""
+    state = state_of_run(state, run_id)
     records = state.registry.records()
     run = next((r for r in records if r.run == run_id), None)
     if run is None:
@@ -372,6 +390,7 @@ def step(state: RunState, run_id: str, label: str) -> dict[str, Any]:
     state on each tool call, and that step's attempts. KeyError when there is none."""
     from supervisor.inspect.show import conversation
 
+    state = state_of_run(state, run_id)
     tl = timeline(state, run_id)
     mine = [a for a in tl["attempts"] if a["label"] == label]
     if not mine:
@@ -444,13 +463,15 @@ def signature(state: RunState, positions: dict[str, int]) -> tuple[Any, ...]:
     """What changes whenever anything a page shows changes (the live stream compares it).
     ``positions`` keeps how far each live run's events were read, so a look reads only what
     is new."""
-    records = state.registry.records()
-    out: list[Any] = [(r.run, r.state, r.updated_at, r.step, r.attempt) for r in records]
-    out.append(len(state.manifest_rows()))
-    for r in records:
-        if r.state == RUNNING:
-            new = state.events.read(r.run, positions.get(r.run, 0))
-            if new:
-                positions[r.run] = new[-1][0]
-            out.append((r.run, positions.get(r.run, 0)))
+    out: list[Any] = []
+    for each in state.workspaces():
+        records = each.registry.records()
+        out += [(r.run, r.state, r.updated_at, r.step, r.attempt) for r in records]
+        out.append(len(each.manifest_rows()))
+        for r in records:
+            if r.state == RUNNING:
+                new = each.events.read(r.run, positions.get(r.run, 0))
+                if new:
+                    positions[r.run] = new[-1][0]
+                out.append((r.run, positions.get(r.run, 0)))
     return tuple(out)

@@ -150,7 +150,9 @@ def app(ui: UI) -> Any:
 
         run = request.path_params["run"]
         try:
-            done = await ui.read(lambda: cancel(ui.state, run))
+            done = await ui.read(lambda: cancel(model.state_of_run(ui.state, run), run))
+        except KeyError:
+            return JSONResponse({"error": "unknown run"}, status_code=404)
         except FlowerError as exc:
             return JSONResponse({"error": str(exc)}, status_code=409)
         return JSONResponse({"run": done.record.run, "stopped": done.stopped})
@@ -170,7 +172,10 @@ def app(ui: UI) -> Any:
         if not text:
             return JSONResponse({"error": "empty answer"}, status_code=400)
         run = request.path_params["run"]
-        await ui.read(lambda: post(ui.state.events, run, ask_id, text))
+        try:
+            await ui.read(lambda: post(model.state_of_run(ui.state, run).events, run, ask_id, text))
+        except KeyError:
+            return JSONResponse({"error": "unknown run"}, status_code=404)
         return JSONResponse({"run": run, "id": ask_id, "posted": True})
 
     async def stream(request: Request) -> Response:
