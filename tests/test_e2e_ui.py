@@ -203,6 +203,9 @@ def test_a_kill_9_and_its_wake_show_in_one_row_in_one_session(
         assert page.locator(".tl-row[data-step='first'] .bar").count() >= 1
         bars.first.click()
         assert page.locator("#detail .session").inner_text() == sid
+        # the killed attempt's Bash call, as the ledger holds it: done before the kill
+        page.wait_for_selector("#detail .tool-line .ledger.done")
+        assert page.locator("#detail .tool-line").count() == 1
         if state is None:
             shoot(page, f"timeline-{theme}")
         page.click("#detail a")
@@ -389,6 +392,8 @@ def test_a_takeover_on_the_cluster_shows_two_bars_on_two_workers_and_the_kept_to
     assert workers[0] and workers[1] and workers[0] != workers[1], workers
     assert {bars.nth(i).get_attribute("data-session") for i in range(2)} == {sid}
     assert page.locator(".mark[data-kind='takeover']").count() == 1
+    bars.nth(0).click()  # the attempt on the killed worker: its Bash call done, kept
+    page.wait_for_selector("#detail .tool-line .ledger.done")
     bars.nth(1).click()
     assert page.locator("#detail .where").inner_text().endswith(str(workers[1]))
     shoot(page, "timeline-takeover")

@@ -142,6 +142,18 @@ def normalize(message: Any) -> list[Event]:
             "num_turns": message.num_turns,
             "is_error": message.is_error,
         }
+        usage = getattr(message, "usage", None)
+        if isinstance(usage, dict):  # the tokens of the query, for a person (the web view)
+            payload["tokens"] = sum(
+                int(usage.get(k) or 0)
+                for k in (
+                    "input_tokens",
+                    "output_tokens",
+                    "cache_read_input_tokens",
+                    "cache_creation_input_tokens",
+                )
+                if isinstance(usage.get(k), int)
+            )
         return [Event("result", text=str(message.subtype), payload=payload, raw=message)]
 
     tasks = (TaskStartedMessage, TaskProgressMessage, TaskUpdatedMessage, TaskNotificationMessage)

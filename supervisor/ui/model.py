@@ -281,6 +281,7 @@ def _attempts(
             "error": None,
             "resumed": False,
             "tools": 0,
+            "tokens": 0,
         }
         a.update(more)
         open_[label] = a
@@ -325,6 +326,8 @@ def _attempts(
         elif cur is not None:
             if kind == "tool_call":
                 cur["tools"] += 1
+            elif kind == "result" and isinstance(payload.get("tokens"), int):
+                cur["tokens"] += payload["tokens"]
             sid = payload.get("session_id")
             if isinstance(sid, str) and sid and cur["session_id"] is None:
                 cur["session_id"] = sid
@@ -457,6 +460,17 @@ def _tail(path: Path) -> str | None:
         return None
     text = data.decode("utf-8", "replace")
     return text if size <= TAIL_BYTES else "…" + text.split("\n", 1)[-1]
+
+
+def tool_calls(state: RunState, run_id: str, session_id: str) -> list[dict[str, Any]]:
+    """The tool calls the ledger holds for ``session_id`` (of run ``run_id``'s workspace):
+    name, state and times, never their input or output (those are the conversation's)."""
+    state = state_of_run(state, run_id)
+    return [
+        {"name": c.name, "state": c.state, "started_at": c.started_at, "ended_at": c.ended_at}
+        for c in state.tool_calls(session_id)
+        if c.agent_id is None
+    ]
 
 
 def signature(state: RunState, positions: dict[str, int]) -> tuple[Any, ...]:

@@ -130,6 +130,16 @@ def app(ui: UI) -> Any:
             return JSONResponse({"error": "unknown run"}, status_code=404)
         return JSONResponse(data, headers=_NO_STORE)
 
+    async def api_tools(request: Request) -> Response:
+        if (no := guard(request)) is not None:
+            return no
+        run, sid = request.path_params["run"], request.query_params.get("session", "")
+        try:
+            data = await ui.read(lambda: model.tool_calls(ui.state, run, sid))
+        except KeyError:
+            return JSONResponse({"error": "unknown run"}, status_code=404)
+        return JSONResponse({"tool_calls": data}, headers=_NO_STORE)
+
     async def api_step(request: Request) -> Response:
         if (no := guard(request, private=True)) is not None:
             return no
@@ -214,6 +224,7 @@ def app(ui: UI) -> Any:
             Route("/static/{name}", asset),
             Route("/api/runs", api_runs),
             Route("/api/runs/{run}/timeline", api_timeline),
+            Route("/api/runs/{run}/tools", api_tools),
             Route("/api/runs/{run}/steps/{label:path}", api_step),
             Route("/api/runs/{run}/cancel", api_cancel, methods=["POST"]),
             Route("/api/runs/{run}/answer", api_answer, methods=["POST"]),

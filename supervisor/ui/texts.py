@@ -74,6 +74,7 @@ define(
         "ui.ran_on": ("在哪跑", "ran on"),
         "ui.worker": ("worker", "worker"),
         "ui.tools": ("工具调用", "tool calls"),
+        "ui.tokens": ("tokens", "tokens"),
         "ui.turns": ("轮", "turns"),
         "ui.error": ("错误", "error"),
         "ui.resumed": ("接着原会话", "continued its session"),

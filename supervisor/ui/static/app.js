@@ -195,7 +195,8 @@ function showAttempt(tl, a) {
     el("dt", { text: T("ui.ran_on") }), el("dd", { class: "where", text: where }),
     el("dt", { text: T("ui.col.started") }), el("dd", { text: `${fmtTime(a.start)} (${fmtDur(a.end - a.start)})` }),
     el("dt", { text: T("ui.col.cost") }), el("dd", { text: fmtUsd(a.cost_usd) + (a.num_turns ? ` · ${a.num_turns} ${T("ui.turns")}` : "") }),
-    el("dt", { text: T("ui.tools") }), el("dd", { text: String(a.tools) }),
+    el("dt", { text: T("ui.tokens") }), el("dd", { text: a.tokens ? String(a.tokens) : "-" }),
+    el("dt", { text: T("ui.tools") }), el("dd", { class: "tools" }, String(a.tools)),
     a.resumed ? el("dt", { text: "↻" }) : null, a.resumed ? el("dd", { text: T("ui.resumed") }) : null,
     a.error ? el("dt", { text: T("ui.error") }) : null, a.error ? el("dd", { text: a.error }) : null);
   put(box, 
@@ -203,6 +204,16 @@ function showAttempt(tl, a) {
     el("a", { href: `#/run/${encodeURIComponent(tl.run)}/step/${encodeURIComponent(a.label)}`, text: T("ui.open_step") }),
     " ", el("button", { type: "button", onclick: () => { box.hidden = true; state.selected = null; }, text: "×" }));
   box.hidden = false;
+  if (a.session_id) {
+    getJSON(`/api/runs/${encodeURIComponent(tl.run)}/tools?session=${encodeURIComponent(a.session_id)}`).then((data) => {
+      if (state.selected !== a.id || !data.tool_calls) return;
+      const mine = data.tool_calls.filter((c) => c.started_at >= a.start - 1 && c.started_at <= a.end + 1);
+      const cell = box.querySelector("dd.tools");
+      if (!cell) return;
+      put(cell, String(mine.length), mine.map((c) => el("div", { class: "tool-line" },
+        el("code", { text: c.name }), " ", el("span", { class: "ledger " + c.state, text: T("ui.ledger." + c.state) }))));
+    }).catch(() => {});
+  }
 }
 
 function questionBox(q) {
