@@ -304,7 +304,7 @@ class LocalState:
 
     def peek_lineage(self) -> dict[str, Any]:
         """The lineage as it stands, unchecked (``status``, ``show``)."""
-        from .lineage import peek
+        from .lineage_file import peek
 
         return peek(self.run_dir)
 
@@ -398,7 +398,8 @@ class LocalState:
     def problems(self, steps: dict[str, str]) -> list[dict[str, str]]:
         """Every run-state file that a start would set aside or start fresh from, and why
         (``steps``: the lineage's step names and sessions)."""
-        from . import lineage, manifest
+        from . import lineage_file as lineage
+        from . import manifest
         from .dbfile import damage, has_transcripts
         from .stores import SESSIONS_DB
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +33,12 @@ from ..i18n import define, t
 from ..util.fsutil import FILE_MODE, atomic_write_text, private_dir, set_aside
 from ..util.lazylog import lazy_logger
 from .errors import StateUnavailable
+from .lineage_file import JUDGE_MARK as JUDGE_MARK
+from .lineage_file import LINEAGE_NAME as LINEAGE_NAME
+from .lineage_file import _read_file, _State
+from .lineage_file import bare_name as bare_name
+from .lineage_file import damage as damage
+from .lineage_file import peek as peek
 from .manifest import deferred_signals
 from .records import LineageDoc
 from .registry import Registry
@@ -95,8 +100,6 @@ define(
     }
 )
 
-LINEAGE_NAME = "lineage.json"
-JUDGE_MARK = "·判定"
 # filelock's default 50 ms poll gave 0.3-1.5 s waits with four contenders on this machine.
 LOCK_POLL_S = 0.002
 # A lock held this long means a stuck holder; remember() then gives up (and swallows it).
@@ -104,8 +107,6 @@ LOCK_TIMEOUT_S = 10.0
 # A wake reads which session each step continues: a database that is away is waited for this
 # long (an outage that began since the run state was opened) before the start goes on without.
 WAKE_WAIT_S = 30.0
-
-_SUFFIX = re.compile(r"#(?:retry|round)\d+$")
 
 
 def _of(name: str, steps: set[str]) -> bool:
@@ -115,18 +116,6 @@ def _of(name: str, steps: set[str]) -> bool:
         return True
     head, bracket, rest = name.partition("[")
     return bool(bracket) and rest.endswith("]") and head in steps
-
-
-def bare_name(label: str) -> str | None:
-    """The lineage key of a step-attempt label, or None when it must never be recorded.
-
-    ``name``, ``name#retryN`` and ``name#roundN`` all map to ``name``; a judge label
-    (``name·判定#N``, anything containing ``·判定``) maps to None: the judge is always a
-    fresh session and never enters lineage.
-    """
-    if not label or JUDGE_MARK in label:
-        return None
-    return _SUFFIX.sub("", label) or None
 
 
 def same_workspace(a: str, b: str) -> bool:
@@ -140,74 +129,6 @@ def same_workspace(a: str, b: str) -> bool:
     except ImportError:  # pragma: no cover - the SDK is a hard dependency
         return os.path.realpath(a) == os.path.realpath(b)
     return project_key_for_directory(a) == project_key_for_directory(b)
-
-
-@dataclass
-class _State:
-    """A well-formed lineage file as read from disk (steps not yet checked against the store)."""
-
-    workspace: str
-    woke: int = 0
-    steps: dict[str, str] = field(default_factory=dict)
-
-
-SHAPE = 'does not have the shape {"workspace": path, "woke": N, "steps": {step: session}}'
-
-
-def _diagnose(text: str) -> tuple[_State | None, str]:
-    """The file's content if it has the right shape, else None and what is wrong with it."""
-    if not text.strip():
-        return None, "is empty"
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None, "is not valid JSON (damaged, or cut short mid-write)"
-    if not isinstance(data, dict):
-        return None, SHAPE
-    workspace, woke, steps = data.get("workspace"), data.get("woke", 0), data.get("steps", {})
-    if not isinstance(workspace, str) or not workspace:
-        return None, SHAPE
-    if type(woke) is not int or woke < 0 or not isinstance(steps, dict):
-        return None, SHAPE
-    good = {k: v for k, v in steps.items() if isinstance(v, str) and v}
-    return _State(workspace, woke, good), ""
-
-
-def _parse(text: str) -> _State | None:
-    """The file's content if it has the right shape, else None (= start fresh)."""
-    return _diagnose(text)[0]
-
-
-def _read_file(path: Path) -> tuple[_State | None, str]:
-    """A lineage file's content and, when it has none usable, why ('' when it is missing)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None, ""
-    except UnicodeDecodeError:
-        return None, "is not UTF-8 text"
-    except OSError as exc:
-        return None, f"cannot be read ({exc.strerror or exc})"
-    return _diagnose(text)
-
-
-def damage(run_dir: str | Path) -> str | None:
-    """What is wrong with ``<run_dir>/lineage.json`` (None when it is missing or well-formed)."""
-    return _read_file(Path(run_dir) / LINEAGE_NAME)[1] or None
-
-
-def peek(run_dir: str | Path) -> dict[str, Any]:
-    """``lineage.json`` as it stands (workspace, woke, steps), not checked against any store
-    or workspace; ``{}`` when missing or malformed. For readers such as ``status``."""
-    try:
-        state = _parse((Path(run_dir) / LINEAGE_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return {}
-    return (
-        {}
-        if state is None
-        else {"workspace": state.workspace, "woke": state.woke, "steps": state.steps}
-    )
 
 
 @dataclass

@@ -46,7 +46,7 @@ from typing import Any
 from flower import FlowerError
 from flower.i18n import define, t
 from flower.state.backends import RunState
-from flower.state.lineage import bare_name
+from flower.state.lineage_file import bare_name
 from flower.state.registry import RUNNING, FlowerRecord, state_of
 from flower.step.events import (
     NO_RESPONSE,
