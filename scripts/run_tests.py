@@ -3,9 +3,11 @@
 Most of the end-to-end tests wait: on a model server's scripted delay, on a backoff, on a
 CLI starting up. Run one after another they take most of the suite's time with the CPU idle,
 so the unit tests go as one job and every end-to-end file as a job of its own, the longest
-first, ``FLOWER_TEST_WORKERS`` (default: the CPU count, at most 4) at a time. Each job gets
-its own ``--basetemp`` and ``TMPDIR``, so tests that look at the temporary directory (the
-SDK's ``claude-resume-*`` copies) see only their own.
+first, ``FLOWER_TEST_WORKERS`` (default: one more than the CPU count, at most 4) at a
+time: measured on the 2-core CI machine, an end-to-end file keeps about 60% of one core busy
+(test_e2e_kill.py: 67 s of CPU in 114 s), so two jobs left a third of the machine idle.
+Each job gets its own ``--basetemp`` and ``TMPDIR``, so tests that look at the temporary
+directory (the SDK's ``claude-resume-*`` copies) see only their own.
 
 Every job's output is printed whole when it fails; the last line sums the jobs up. Exit
 status: 0 when every job passed, else 1 (2: a file named that is not in tests/).
@@ -57,6 +59,7 @@ WEIGHT = {
     "test_e2e_handoff.py": 19,
     "test_e2e_share.py": 18,
     "test_e2e_ctrlc.py": 15,
+    "test_e2e_ui.py": 110,  # a real browser on real runs, both backends, and a cluster
     # PostgreSQL: a database per test (CREATE DATABASE), a server of their own (outage)
     "test_pg_outage.py": 40,
     "test_chaos.py": 150,  # a seeded campaign of 8 faults over both backends (scripts/chaos.py)
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drills", action="store_true", help="only the kill drills")
     parser.add_argument("--report", type=Path, help="write what ran and how it went (JSON)")
     args = parser.parse_args(argv)
-    workers = int(os.environ.get("FLOWER_TEST_WORKERS") or min(4, os.cpu_count() or 1))
+    workers = int(os.environ.get("FLOWER_TEST_WORKERS") or min(4, (os.cpu_count() or 1) + 1))
     all_drills = drills()
     picked = args.files + (all_drills if args.drills else [])
     todo = chosen(picked) if picked else jobs()
