@@ -126,10 +126,12 @@ class UI:
         self.base, self.token = found.group(1), found.group(2)
         self.url = f"{self.base}/?token={self.token}"
 
-    def get(self, path: str, token: str | None = None) -> int:
+    def get(self, path: str, token: str | None = None, host: str | None = None) -> int:
         req = urllib.request.Request(self.base + path)
         if token is not None:
             req.add_header("X-Flower-Token", token)
+        if host is not None:
+            req.add_header("Host", host)
         try:
             with urllib.request.urlopen(req, timeout=10) as res:
                 return int(res.status)
@@ -291,6 +293,8 @@ def test_the_token_guards_conversations_actions_and_other_addresses(
     assert local.get(f"/api/runs/{run}/steps/second") == 403
     assert local.get(f"/api/runs/{run}/steps/second", token=local.token) == 200
     assert local.get(f"/api/runs/{run}/steps/second", token="wrong") == 403
+    # a name of someone else's that resolves here (DNS rebinding) is not this machine's page
+    assert local.get("/api/runs", host="rebind.example:80") == 403
     req = urllib.request.Request(f"{local.base}/api/runs/{run}/cancel", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(req, timeout=10)

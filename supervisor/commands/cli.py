@@ -22,6 +22,7 @@ import click.types
 from flower import FlowerError, __version__
 from flower.i18n import define, gettext_for, t
 from supervisor.inspect.runstate import choose, looking, open_chosen, resume_line
+from supervisor.run.secrets import warn_if_password_in_argv
 
 # click's own words (its gettext message ids) that a person of flower-super can meet.
 CLICK_WORDS = {
@@ -516,6 +517,7 @@ def start(
             raise FlowerError(t("cli.not_dir", ws=ws), hint=t("cli.not_dir.hint"))
         check_run_dir(run_dir)
         chosen = choose(state, ws)
+        warn_if_password_in_argv(state)
         # Connected before anything is made: a state that cannot be used leaves no trace.
         opened = open_chosen(
             chosen, run_dir=run_dir.expanduser().absolute(), workspace=ws, create=True
@@ -848,6 +850,7 @@ def worker(
     """``flower-super worker``."""
     from supervisor.cluster.worker import WorkerConfig, parse_map, run_worker
 
+    warn_if_password_in_argv(state)
     try:
         cfg = WorkerConfig(
             target, queue, slots, state, [parse_map(m) for m in maps], namespace=namespace

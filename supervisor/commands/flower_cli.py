@@ -501,7 +501,11 @@ def _run_dir(args: argparse.Namespace) -> Path:
 def _state(args: argparse.Namespace, workspace: Path, run_dir: Path) -> tuple[Choice, Any]:
     """The run state this command uses (:mod:`supervisor.inspect.runstate`), opened before anything
     is made: one that cannot be used stops here (one line, exit 1) and leaves no trace."""
-    chosen = choose(getattr(args, "state", None), workspace)
+    from supervisor.run.secrets import warn_if_password_in_argv
+
+    given = getattr(args, "state", None)
+    warn_if_password_in_argv(given)
+    chosen = choose(given, workspace)
     return chosen, open_chosen(chosen, run_dir=run_dir, workspace=workspace, create=True)
 
 

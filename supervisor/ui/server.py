@@ -11,6 +11,9 @@ Safety, by default and always:
   request needs it.
 - Actions: cancel a live run; answer a question it waits on (posted to the run's answers
   mailbox, :mod:`flower.people.answers`: the terminal and the page race, the first wins).
+- On loopback, a request whose ``Host`` is not a loopback name or address is refused (a
+  web page elsewhere cannot rebind a name of its own to 127.0.0.1 and read the runs). A
+  question's words (the conversation's) are in a timeline only for the token.
 - An action must also come from the page itself (its ``Origin`` is this server).
 - What the pages and the stream carry is what ``status``/``show`` print: no API key, no
   password (state URLs are shown masked), never the state URL in full.
@@ -81,6 +84,8 @@ def app(ui: UI) -> Any:
 
     def guard(request: Request, *, private: bool = False) -> Response | None:
         """None when ``request`` may be served; else the refusal."""
+        if ui.loopback and not _loopback_host(request.headers.get("host", "")):
+            return refused()  # a name that resolved to this machine (DNS rebinding): no
         if (private or not ui.loopback) and not authed(request):
             return refused()
         return None
@@ -128,6 +133,11 @@ def app(ui: UI) -> Any:
             data = await ui.read(lambda: model.timeline(ui.state, run))
         except KeyError:
             return JSONResponse({"error": "unknown run"}, status_code=404)
+        if not authed(request):  # a question's words are the conversation's: the token's
+            data["questions_hidden"] = len(data["questions"])
+            data["questions"] = []
+            for mark in data["marks"]:
+                mark.pop("text", None)
         return JSONResponse(data, headers=_NO_STORE)
 
     async def api_tools(request: Request) -> Response:
@@ -234,6 +244,21 @@ def app(ui: UI) -> Any:
 
 
 _ASSETS = {"app.js", "app.css"}
+
+
+def _loopback_host(host: str) -> bool:
+    """Is the request's ``Host`` this machine by a loopback name or address?"""
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1:].split("]", 1)[0]
+    if name in ("localhost", "::1"):
+        return True
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 _NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 

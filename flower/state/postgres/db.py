@@ -90,6 +90,15 @@ define(
             "检查 --state/FLOWER_STATE 里的用户名和密码",
             "check the user and password in --state/FLOWER_STATE",
         ),
+        "state.pg.tls": (
+            "和 PostgreSQL {where} 的 TLS 连接没建立起来:{why}",
+            "the TLS connection to PostgreSQL at {where} was refused: {why}",
+        ),
+        "state.pg.tls.hint": (
+            "检查地址里的 sslmode、sslrootcert(签发服务器证书的 CA)和主机名是否和证书一致",
+            "check sslmode and sslrootcert (the CA that signed the server's certificate) in "
+            "the URL, and that the host name is the one the certificate names",
+        ),
         "state.pg.no_database": (
             "PostgreSQL {where} 上没有数据库 {database}",
             "PostgreSQL at {where} has no database {database}",
@@ -191,6 +200,26 @@ class PasswordRefused(PostgresStateError):
     """The server refused the URL's user or password."""
 
 
+class TLSRefused(PostgresStateError):
+    """The TLS handshake failed for a reason a wait would not change (an unknown CA, a host
+    name the certificate does not name, a root certificate that cannot be read)."""
+
+
+# libpq's words for TLS failures that are a setting, not an outage
+_TLS_REFUSALS = (
+    "certificate verify failed",
+    "does not match host name",
+    "root certificate file",
+    "server does not support ssl",
+    "invalid sslmode",
+    "certificate present, but not private key",
+    "could not load private key",
+    "could not read certificate",
+    "tlsv1 alert",
+    "sslv3 alert",
+)
+
+
 class NoSuchDatabase(PostgresStateError):
     """The URL names a database the server does not have."""
 
@@ -222,6 +251,8 @@ def connect_error(exc: psycopg.Error, url: StateURL) -> FlowerError:
         return PasswordRefused(
             t("state.pg.refused", where=where, why=why), hint=t("state.pg.refused.hint")
         )
+    if any(mark in low for mark in _TLS_REFUSALS):
+        return TLSRefused(t("state.pg.tls", where=where, why=why), hint=t("state.pg.tls.hint"))
     if "database" in low and "does not exist" in low:
         name = str(psycopg.conninfo.conninfo_to_dict(url.url).get("dbname") or "?")
         return NoSuchDatabase(

@@ -21,7 +21,14 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 from ..._errors import ConfigError
 from ...i18n import define, t
 
-__all__ = ["DEFAULT_SCHEMA", "StateURL", "StateURLError", "mask", "parse_state_url"]
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "StateURL",
+    "StateURLError",
+    "has_password",
+    "mask",
+    "parse_state_url",
+]
 
 define(
     {
@@ -144,6 +151,11 @@ def mask(url: str, *, drop: bool = False) -> str:
         ]
         tail = f"{path}?{'&'.join(pairs)}" if pairs else path
     return f"{scheme}{sep}{authority}{slash}{tail}"
+
+
+def has_password(url: str) -> bool:
+    """Does ``url`` carry a password (in the authority, or as a secret parameter)?"""
+    return mask(url) != url
 
 
 def _port_text(url: str) -> str:

@@ -178,6 +178,7 @@ function renderTimeline(tl) {
       live ? el("button", { type: "button", class: "danger", id: "cancel", onclick: () => cancelRun(tl.runs[tl.runs.length - 1].run),
         text: T("ui.cancel") }) : null),
     (tl.questions || []).map(questionBox),
+    tl.questions_hidden ? el("div", { class: "notice", text: T("ui.token.needed") }) : null,
     el("div", { class: "legend" }, OUTCOMES.map((o) => el("span", {}, el("i", { class: "bar " + o }), T("ui.outcome." + o)))),
     el("div", { class: "tl", id: "timeline" },
       el("div", { class: "tl-grid", style: `width:${220 + width}px` },
