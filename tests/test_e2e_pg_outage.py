@@ -22,6 +22,7 @@ import contextlib
 import json
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,18 +303,29 @@ def test_a_start_while_the_database_is_down_waits_for_it_and_runs(
     f: PgFlower = flower_env(server, state=state)
     own_server.down()
     proc = f.start(flow=FLOW)
+    lines: list[str] = []
+    reader = threading.Thread(target=_collect, args=(proc, lines), daemon=True)
+    reader.start()
     try:
-        time.sleep(4.0)  # the outage's length is what is tested, not a wait for an event
-        assert proc.poll() is None, "the start gave up on a database that was down for 4 s"
+        wait_until(lambda: any("Ctrl-C" in x for x in lines), 60, "the start's waiting line")
+        time.sleep(2.0)  # down 2 s more after it said so: how long is what is tested
+        assert proc.poll() is None, "the start gave up on a database that was down"
         assert not server.requests, "a step ran before the run state was there"
         own_server.up()
-        out, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        reader.join(timeout=30)
     finally:
         if proc.poll() is None:
             kill(proc)
-    text = out.decode("utf-8", "replace")
+    text = "".join(lines)
     assert proc.returncode == 0, text
     waited = [line for line in text.splitlines() if "Ctrl-C" in line and "PostgreSQL" in line]
     assert len(waited) == 1 and waited[0].startswith("! "), text
     assert [r.conversation for r in server.requests if r.conversation] == ["first", "second"]
     assert [(r["step"], r["ok"]) for r in f.manifest()] == [("first", True), ("second", True)]
+
+
+def _collect(proc: Any, into: list[str]) -> None:
+    """What ``proc`` prints, line by line into ``into``, as it prints it."""
+    for raw in iter(proc.stdout.readline, b""):
+        into.append(raw.decode("utf-8", "replace"))

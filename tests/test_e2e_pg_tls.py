@@ -142,7 +142,8 @@ def test_a_ca_that_did_not_sign_the_server_is_one_line_at_once(
 def test_a_password_on_the_command_line_runs_and_is_said_once(
     model_server: Any, flower_env: Any, tls: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PGPASSFILE", str(tls["passfile"]))
+    monkeypatch.delenv("PGPASSFILE", raising=False)  # the URL's password is the only one
+    monkeypatch.delenv("PGPASSWORD", raising=False)
     server = model_server(
         {
             "conversations": [
@@ -153,6 +154,7 @@ def test_a_password_on_the_command_line_runs_and_is_said_once(
     )
     f: PgFlower = flower_env(server, state=tls["url"])
     f.env.pop("FLOWER_STATE")
+    assert "PGPASSFILE" not in f.env and "PGPASSWORD" not in f.env
     code, out = f.run("--state", tls["with_password"], flow=FLOW, timeout=120)
     assert code == 0, out
     said = [line for line in out.splitlines() if "ps" in line and "pgpass" in line]

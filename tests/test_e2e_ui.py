@@ -295,10 +295,17 @@ def test_the_token_guards_conversations_actions_and_other_addresses(
     assert local.get(f"/api/runs/{run}/steps/second", token="wrong") == 403
     # a name of someone else's that resolves here (DNS rebinding) is not this machine's page
     assert local.get("/api/runs", host="rebind.example:80") == 403
-    req = urllib.request.Request(f"{local.base}/api/runs/{run}/cancel", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(req, timeout=10)
-    assert refused.value.code == 403
+    for action in ("cancel", "answer"):  # without the token, or from another page: no
+        for headers in ({}, {"X-Flower-Token": local.token, "Origin": "http://evil.example"}):
+            req = urllib.request.Request(
+                f"{local.base}/api/runs/{run}/{action}",
+                method="POST",
+                data=b'{"id": "q1", "text": "yes"}',
+                headers={"Content-Type": "application/json", **headers},
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == 403, (action, headers)
 
     anywhere = UI(f, "--host", "0.0.0.0")  # another address: every request needs it
     assert anywhere.get("/") == 403 and anywhere.get("/api/runs") == 403

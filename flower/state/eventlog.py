@@ -205,9 +205,8 @@ class FileEventRows:
             return []
         out: list[tuple[int, dict[str, Any]]] = []
         pos = after
-        for raw in data.splitlines(keepends=True):
-            if not raw.endswith(b"\n"):
-                break  # still being written
+        for raw in data.split(b"\n")[:-1]:  # the part after the last newline: being written
+            raw += b"\n"
             pos += len(raw)
             if not raw.strip():
                 continue
@@ -221,16 +220,26 @@ class FileEventRows:
         return out
 
     def wait(self, run: str, after: int, timeout: float) -> bool:
+        """Until a whole line follows ``after`` (a line still being written is not one)."""
         path = events_path(self.run_dir, run)
         deadline = time.monotonic() + timeout
         while True:
             with contextlib.suppress(OSError):
-                if path.stat().st_size > after:
+                if path.stat().st_size > after and self._whole_line_after(path, after):
                     return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             time.sleep(min(self.POLL_S, left))
+
+    @staticmethod
+    def _whole_line_after(path: Path, after: int) -> bool:
+        with open(path, "rb") as f:
+            f.seek(after)
+            while chunk := f.read(65536):
+                if b"\n" in chunk:
+                    return True
+        return False
 
     def wait_any(self, timeout: float) -> bool:
         """A run_dir has no listeners to wake: look again after ``timeout`` (True)."""

@@ -757,6 +757,7 @@ def ui(host: str, port: int, run_dir: Path, workspace: Path, state: str | None) 
 
     from supervisor.ui.server import UI, serve
 
+    warn_if_password_in_argv(state)
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -77,6 +77,12 @@ def _runs_of(state: RunState) -> list[dict[str, Any]]:
     from supervisor.inspect.runstate import resume_line
 
     records = state.registry.records()
+    # the latest start of a finished run, per flow and workspace: what supersedes a dead one
+    done_at: dict[tuple[str, str], float] = {}
+    for o in records:
+        if o.state == FINISHED:
+            key = (o.flow, o.workspace)
+            done_at[key] = max(done_at.get(key, 0.0), o.started_at)
     rows = state.manifest_rows()
     by_run: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -90,7 +96,8 @@ def _runs_of(state: RunState) -> list[dict[str, Any]]:
         cost = sum(float(row.get("cost_usd") or 0.0) for row in mine)
         reuse = summary(r.reuse) if r.reuse else {"reused": 0, "executed": 0, "saved_usd": 0}
         resume = export = None
-        if not alive and st != FINISHED and r.command and not _superseded(r, records):
+        later = done_at.get((r.flow, r.workspace), 0.0) > r.started_at
+        if not alive and st != FINISHED and r.command and not later and not _superseded(r, records):
             resume, export = resume_line(r.command)
         out.append(
             {
@@ -171,6 +178,8 @@ def timeline(state: RunState, run_id: str) -> dict[str, Any]:
         events = [ev for _, ev in state.events.read(r.run)]
         mine = [row for row in rows if row.get("run") == r.run]
         made = _attempts(r, alive, events, mine)
+        for a in made:
+            a["nth"] = n  # the run's place in the chain (clocks of two machines may differ)
         if n:
             marks.append({"kind": "wake", "t": r.started_at, "run": r.run, "woke": r.woke})
         marks += _marks(r, events)
@@ -178,7 +187,7 @@ def timeline(state: RunState, run_id: str) -> dict[str, Any]:
     # a killed attempt whose step a later run of the chain took up again was woken
     for a in attempts:
         if a["outcome"] == KILLED and any(
-            b["label"] == a["label"] and b["start"] >= a["end"] for b in attempts if b is not a
+            b["label"] == a["label"] and b["nth"] > a["nth"] for b in attempts
         ):
             a["outcome"] = WOKEN
     for a in attempts:
@@ -262,13 +271,13 @@ def _attempts(
 ) -> list[dict[str, Any]]:
     """The attempts run ``r`` made, from its events and manifest rows."""
     out: list[dict[str, Any]] = []
-    open_: dict[str, dict[str, Any]] = {}  # label -> the attempt in flight
+    open_: dict[str, dict[str, Any]] = {}  # label -> its latest attempt
     end_of_run = _end(r, alive)
     if events:
         end_of_run = max(end_of_run, float(events[-1].get("t") or 0.0))
 
-    def begin(label: str, at: float, **more: Any) -> None:
-        a = {
+    def begin(label: str, at: float, **more: Any) -> dict[str, Any]:
+        a: dict[str, Any] = {
             "run": r.run,
             "label": label,
             "start": at,
@@ -277,6 +286,7 @@ def _attempts(
             "session_id": None,
             "host": r.host,
             "worker": None,
+            "try": 0,
             "cost_usd": 0.0,
             "error": None,
             "resumed": False,
@@ -286,61 +296,57 @@ def _attempts(
         a.update(more)
         open_[label] = a
         out.append(a)
+        return a
 
     for ev in events:
         kind = ev.get("kind")
         at = float(ev.get("t") or 0.0)
-        payload: dict[str, Any] = _payload(ev)
+        payload = _payload(ev)
         label = str(payload.get("step") or ev.get("step") or "")
         if not label:
             continue
         cur = open_.get(label)
+        flying = cur is not None and cur["outcome"] == RUNNING_NOW
         if kind == "step":
-            if cur is None or cur["outcome"] != RUNNING_NOW:
+            if "items" in payload or payload.get("item_done"):
+                continue  # a map's own line, and an item's end (its row says how it ended)
+            if not flying:
                 begin(label, at, resumed=bool(payload.get("resumed")))
-        elif kind == "retry" and cur is not None:
+            continue
+        if kind == "retry" and cur is not None and flying:
             cur["end"], cur["outcome"] = at, RETRIED
             cur["error"] = str(ev.get("text") or payload.get("error") or "") or None
             begin(label, at, session_id=cur["session_id"])
-        elif kind == "placed":
-            where = {
-                "host": payload.get("host"),
-                "worker": payload.get("worker") or payload.get("pid"),
-                "try": payload.get("try"),
-            }
-            if cur is None:
-                begin(label, at, **{k: v for k, v in where.items() if k != "try"})
-            elif cur.get("worker") is None:
-                cur["host"], cur["worker"] = where["host"], where["worker"]
-            elif (cur["host"], cur["worker"]) != (where["host"], where["worker"]):
+            continue
+        if kind == "placed":
+            where = {"host": payload.get("host"), "worker": payload.get("worker")}
+            tried = payload.get("try") if isinstance(payload.get("try"), int) else 0
+            if cur is None or not flying:
+                begin(label, at, **where, **{"try": tried})
+            elif cur["worker"] is None:
+                cur.update(where, **{"try": tried})
+            elif (
+                tried > cur["try"]
+                or payload.get("took_over")
+                or (cur["host"], cur["worker"]) != (where["host"], where["worker"])
+            ):
                 cur["end"], cur["outcome"] = at, TAKEN_OVER
                 begin(
-                    label,
-                    at,
-                    host=where["host"],
-                    worker=where["worker"],
-                    session_id=cur["session_id"],
-                    resumed=True,
+                    label, at, **where, session_id=cur["session_id"], resumed=True, **{"try": tried}
                 )
-            cur = open_.get(label)
-        elif cur is not None:
-            if kind == "tool_call":
-                cur["tools"] += 1
-            elif kind == "result" and isinstance(payload.get("tokens"), int):
-                cur["tokens"] += payload["tokens"]
-            sid = payload.get("session_id")
-            if isinstance(sid, str) and sid and cur["session_id"] is None:
-                cur["session_id"] = sid
-        if cur is not None and cur["outcome"] == RUNNING_NOW:
-            cur["end"] = max(cur["end"], at)
+            continue
+        if cur is None or not flying:
+            cur = begin(label, at)  # an attempt whose first sign is not a step event (an item)
+        _note(cur, kind, payload)
+        cur["end"] = max(cur["end"], at)
     for row in rows:
         label = str(row.get("step") or "")
         cur = open_.get(label)
+        start = float(row.get("started_at") or row.get("ended_at") or r.started_at)
         if cur is None or cur["outcome"] != RUNNING_NOW:
-            start = float(row.get("started_at") or row.get("ended_at") or r.started_at)
-            begin(label, start)
-            cur = open_[label]
-        cur["end"] = float(row.get("ended_at") or cur["end"])
+            cur = begin(label, start)
+        cur["start"] = min(cur["start"], start)
+        cur["end"] = max(cur["start"], float(row.get("ended_at") or cur["end"]))
         cur["session_id"] = row.get("session_id") or cur["session_id"]
         cur["cost_usd"] = float(row.get("cost_usd") or 0.0)
         cur["num_turns"] = row.get("num_turns")
@@ -358,11 +364,22 @@ def _attempts(
     for a in out:
         if a["outcome"] == RUNNING_NOW:
             if alive and r.state == RUNNING:
-                a["end"] = time.time()
+                a["end"] = max(a["end"], time.time())
             else:
                 a["end"] = max(a["end"], end_of_run)
                 a["outcome"] = KILLED
     return out
+
+
+def _note(cur: dict[str, Any], kind: Any, payload: dict[str, Any]) -> None:
+    """What an event of an attempt in flight tells of it: a tool call, tokens, its session."""
+    if kind == "tool_call":
+        cur["tools"] += 1
+    elif kind == "result" and isinstance(payload.get("tokens"), int):
+        cur["tokens"] += payload["tokens"]
+    sid = payload.get("session_id")
+    if isinstance(sid, str) and sid and cur["session_id"] is None:
+        cur["session_id"] = sid
 
 
 def _marks(r: FlowerRecord, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -480,7 +497,8 @@ def signature(state: RunState, positions: dict[str, int]) -> tuple[Any, ...]:
     out: list[Any] = []
     for each in state.workspaces():
         records = each.registry.records()
-        out += [(r.run, r.state, r.updated_at, r.step, r.attempt) for r in records]
+        # not updated_at: the heartbeat rewrites it every few seconds, changing nothing shown
+        out += [(r.run, r.state, r.step, r.attempt, r.woke, r.ended_at) for r in records]
         out.append(len(each.manifest_rows()))
         for r in records:
             if r.state == RUNNING:

@@ -75,8 +75,12 @@ def app(ui: UI) -> Any:
     )
     from starlette.routing import Route
 
+    def cookie(request: Request) -> str:
+        # one per port: browsers keep cookies per host, and two views may run side by side
+        return f"{COOKIE}_{request.url.port or 80}"
+
     def authed(request: Request) -> bool:
-        given = request.cookies.get(COOKIE) or request.headers.get("x-flower-token") or ""
+        given = request.cookies.get(cookie(request)) or request.headers.get("x-flower-token") or ""
         return hmac.compare_digest(given.encode(), ui.token.encode())
 
     def refused() -> Response:
@@ -101,14 +105,24 @@ def app(ui: UI) -> Any:
             if not hmac.compare_digest(token.encode(), ui.token.encode()):
                 return refused()
             response = RedirectResponse("/", status_code=303)
-            response.set_cookie(COOKIE, ui.token, httponly=True, samesite="strict", path="/")
+            response.set_cookie(
+                cookie(request), ui.token, httponly=True, samesite="strict", path="/"
+            )
             return response
         if (no := guard(request)) is not None:
             return no
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         boot = {"lang": lang(), "texts": _texts(), "authed": authed(request)}
-        page = page.replace("__BOOT__", json.dumps(boot, ensure_ascii=False).replace("</", "<\\/"))
-        return Response(page, media_type="text/html; charset=utf-8", headers=_NO_STORE)
+        nonce = secrets.token_urlsafe(16)
+        page = page.replace("__NONCE__", nonce).replace(
+            "__BOOT__", json.dumps(boot, ensure_ascii=False).replace("</", "<\\/")
+        )
+        policy = (
+            f"default-src 'self'; script-src 'self' 'nonce-{nonce}'; style-src 'self'; "
+            "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+        )
+        headers = {**_NO_STORE, "Content-Security-Policy": policy, "X-Frame-Options": "DENY"}
+        return Response(page, media_type="text/html; charset=utf-8", headers=headers)
 
     async def asset(request: Request) -> Response:
         if (no := guard(request)) is not None:
@@ -138,6 +152,8 @@ def app(ui: UI) -> Any:
             data["questions"] = []
             for mark in data["marks"]:
                 mark.pop("text", None)
+            for attempt in data["attempts"]:  # an error's text may quote the model
+                attempt["error"] = "…" if attempt["error"] else None
         return JSONResponse(data, headers=_NO_STORE)
 
     async def api_tools(request: Request) -> Response:
@@ -170,7 +186,9 @@ def app(ui: UI) -> Any:
 
         run = request.path_params["run"]
         try:
-            done = await ui.read(lambda: cancel(model.state_of_run(ui.state, run), run))
+            holder = await ui.read(lambda: model.state_of_run(ui.state, run))
+            # not under the read lock: cancel waits (up to 30 s) for the run to go
+            done = await asyncio.to_thread(cancel, holder, run)
         except KeyError:
             return JSONResponse({"error": "unknown run"}, status_code=404)
         except FlowerError as exc:

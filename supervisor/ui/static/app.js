@@ -21,7 +21,7 @@ function el(tag, attrs, ...kids) {
     if (k === "class") node.className = v;
     else if (k === "text") node.textContent = v;
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else if (k === "style") node.setAttribute("style", v);
+    else if (k === "style") node.style.cssText = v; // CSSOM: the page's CSP allows no style attribute
     else node.setAttribute(k, v === true ? "" : v);
   }
   for (const kid of kids.flat()) if (kid !== null && kid !== undefined) node.append(kid);
