@@ -339,15 +339,19 @@ def test_a_run_dirs_events_read_as_rows_give_whole_lines_as_they_come(tmp_path: 
     first = rows.read("r")
     assert [ev for _, ev in first] == [{"a": 1}]
     after = first[-1][0]
-    assert rows.wait("r", after, 0.0) is True  # half a line is there: look again
+    assert rows.wait("r", after, 0.0) is False  # half a line: nothing to read yet
     assert rows.read("r", after) == []
     with open(path, "ab") as f:
         f.write(b"2}\nnot json\n\n[1]\n")
+    assert rows.wait("r", after, 0.0) is True
     rest = rows.read("r", after)
     assert [ev for _, ev in rest] == [{"b": 2}, {"unreadable": "not json"}, {"unreadable": "[1]"}]
     assert rest[-1][0] == path.stat().st_size and rows.read("r", rest[-1][0]) == []
     rows.append("r", {"c": 3})
     assert [ev for _, ev in rows.read("r", rest[-1][0])] == [{"c": 3}]
+    with open(path, "ab") as f:  # a damaged line with a bare CR in it is still one line
+        f.write(b"bro\rken\n")
+    assert [ev for _, ev in rows.read("r", path.stat().st_size - 8)] == [{"unreadable": "bro\rken"}]
 
 
 def test_an_event_is_one_clean_line_and_the_date_shows_when_it_changes(en: None) -> None:

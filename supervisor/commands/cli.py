@@ -517,11 +517,11 @@ def start(
             raise FlowerError(t("cli.not_dir", ws=ws), hint=t("cli.not_dir.hint"))
         check_run_dir(run_dir)
         chosen = choose(state, ws)
-        warn_if_password_in_argv(state)
         # Connected before anything is made: a state that cannot be used leaves no trace.
         opened = open_chosen(
             chosen, run_dir=run_dir.expanduser().absolute(), workspace=ws, create=True
         )
+        warn_if_password_in_argv(state)  # once it runs: a mistake stays one line
         remote = choose_placement(placement, ws, opened)
         said = None
         if flow_ref:

@@ -504,9 +504,10 @@ def _state(args: argparse.Namespace, workspace: Path, run_dir: Path) -> tuple[Ch
     from supervisor.run.secrets import warn_if_password_in_argv
 
     given = getattr(args, "state", None)
-    warn_if_password_in_argv(given)
     chosen = choose(given, workspace)
-    return chosen, open_chosen(chosen, run_dir=run_dir, workspace=workspace, create=True)
+    opened = open_chosen(chosen, run_dir=run_dir, workspace=workspace, create=True)
+    warn_if_password_in_argv(given)  # once it runs: a mistake stays one line
+    return chosen, opened
 
 
 def _placement(args: argparse.Namespace, workspace: Path, opened: Any) -> str | None:

@@ -345,7 +345,10 @@ def _attempts(
         start = float(row.get("started_at") or row.get("ended_at") or r.started_at)
         if cur is None or cur["outcome"] != RUNNING_NOW:
             cur = begin(label, start)
-        cur["start"] = min(cur["start"], start)
+        if next(a for a in out if a["label"] == label) is cur:
+            # the step's first attempt here: the row knows when it began (a map's item may
+            # show no sign before it has run a while); a later try's start is its own
+            cur["start"] = min(cur["start"], start)
         cur["end"] = max(cur["start"], float(row.get("ended_at") or cur["end"]))
         cur["session_id"] = row.get("session_id") or cur["session_id"]
         cur["cost_usd"] = float(row.get("cost_usd") or 0.0)
