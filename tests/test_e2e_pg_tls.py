@@ -189,3 +189,60 @@ def test_a_worker_on_verify_full_runs_the_flows_steps(
         assert PASSWORD not in w.out()
     finally:
         c.stop()
+
+
+def test_the_web_view_on_a_state_url_with_a_password_shows_no_password(
+    model_server: Any, flower_env: Any, tls: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``flower-super ui --state`` with the password in it (as a person may type it): it
+    serves the workspace's runs, says once how to move the password, and neither its pages
+    nor its answers hold the password or the URL with it."""
+    import re
+    import urllib.request
+
+    monkeypatch.setenv("PGPASSFILE", str(tls["passfile"]))
+    server = model_server(
+        {
+            "conversations": [
+                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
+                for n in ("first", "second")
+            ]
+        }
+    )
+    f: PgFlower = flower_env(
+        server, state=tls["url"], extra_env={"PGPASSFILE": str(tls["passfile"])}
+    )
+    code, out = f.run(flow=FLOW, timeout=120)
+    assert code == 0, out
+    f.env.pop("FLOWER_STATE")
+    argv = f.argv("ui", "--state", tls["with_password"], "-w", str(f.ws), "--port", "0")
+    ui = subprocess.Popen(
+        argv, cwd=f.root, env=f.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    f.procs.append(ui)
+    assert ui.stdout is not None and ui.stderr is not None
+    line = ui.stdout.readline().decode()
+    found = re.search(r"(http://\S+)/\?token=(\S+)", line)
+    assert found, line
+    base, token = found.group(1), found.group(2)
+    seen = []
+    for path in ("/", "/api/runs", "/static/app.js"):
+        req = urllib.request.Request(base + path, headers={"X-Flower-Token": token})
+        with urllib.request.urlopen(req, timeout=10) as res:
+            seen.append(res.read().decode("utf-8", "replace"))
+    runs = json_of(seen[1])
+    # every workspace that ran on this database, this one among them
+    spaces = {r["workspace"] for r in runs["runs"]}
+    assert str(f.ws.resolve()) in spaces, spaces
+    assert all(PASSWORD not in page for page in seen), "a page shows the password"
+    assert tls["with_password"] not in "".join(seen)
+    ui.terminate()
+    _, err = ui.communicate(timeout=10)
+    said = [x for x in err.decode().splitlines() if "pgpass" in x]
+    assert len(said) == 1 and PASSWORD not in err.decode(), err
+
+
+def json_of(text: str) -> Any:
+    import json
+
+    return json.loads(text)
