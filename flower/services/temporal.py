@@ -135,6 +135,15 @@ class TemporalServer:
             path.read_bytes() for path in (self.db, self.dir / f"{DB_FILE}-wal") if path.exists()
         )
 
+    def down(self) -> None:
+        """Kill the server (SIGKILL) and keep its database: :meth:`up` starts it again."""
+        self._kill()
+
+    def up(self) -> None:
+        """Start the server again on the same port, with the same database."""
+        _launch(self)
+        self._save()
+
     def stop(self) -> None:
         """Kill the server (SIGKILL: nothing in it is kept) and remove the directory."""
         self._kill()

@@ -39,13 +39,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from flower import AttemptCrash, FlowerError
 from flower.agents.wire import to_wire
@@ -101,10 +102,16 @@ define(
             "在集群上的这次尝试没有结果:{why}",
             "the attempt on the cluster ended without a result: {why}",
         ),
+        "remote.temporal_down": (
+            "Temporal {where} 没有回应({why});正在跑的尝试照常进行,它回来后接着派发",
+            "Temporal at {where} is not answering ({why}); the running attempts go on, and "
+            "dispatch carries on when it is back",
+        ),
     }
 )
 
 ACTIVITY = "flower.attempt"
+T = TypeVar("T")
 #: How long a worker may go without a heartbeat before its attempt goes elsewhere (measured:
 #: the attempt starts on another worker 2.1–3.4 s after its worker was killed or frozen).
 HEARTBEAT_TIMEOUT_S = 3.0
@@ -402,18 +409,49 @@ class TemporalPlacement:
     _pump: Pump | None = None
     # id -> what stops it: its mailbox, and its watch (which takes it off the record)
     _running: dict[str, tuple[Mailbox, Watch]] = field(default_factory=dict)
+    _outage: _Outage | None = None
 
     def __post_init__(self) -> None:
         _shared_state(self.state)
 
     async def connect(self) -> None:
-        """Reach Temporal now (the start checked it already: this is the run's own client)."""
-        from temporalio.runtime import Runtime, TelemetryConfig
+        """Reach Temporal now (the start checked it already: this is the run's own client);
+        a service that went away since is waited for (:class:`_Outage`)."""
+        from temporalio.runtime import (
+            LogForwardingConfig,
+            LoggingConfig,
+            Runtime,
+            TelemetryConfig,
+            TelemetryFilter,
+        )
 
         if self._client is not None:
             return
-        self._runtime = Runtime(telemetry=TelemetryConfig())
-        self._client = await connect(settings_for(self.where), self._runtime, check=False)
+        if self._runtime is None:
+            # the SDK's own WARN lines (coloured, on stderr by default) go to the run's
+            # temporal.log (:func:`_core_log_to`), never to the person's terminal
+            logs = LoggingConfig(
+                filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+                forwarding=LogForwardingConfig(logger=CORE_LOG),
+            )
+            self._runtime = Runtime(telemetry=TelemetryConfig(logging=logs))
+        outage = self.outage
+        while True:
+            try:
+                self._client = await connect(settings_for(self.where), self._runtime, check=False)
+            except FlowerError as exc:
+                if not outage.transient(exc):
+                    raise
+                await outage.wait(exc)
+                continue
+            outage.over()
+            return
+
+    @property
+    def outage(self) -> _Outage:
+        if self._outage is None:
+            self._outage = _Outage(self.where.target)
+        return self._outage
 
     def _mailbox(self, activity_id: str) -> Mailbox:
         if self._pump is None:
@@ -429,6 +467,7 @@ class TemporalPlacement:
         from temporalio.common import ActivityIDConflictPolicy, ActivityIDReusePolicy, RetryPolicy
         from temporalio.exceptions import ActivityAlreadyStartedError
 
+        _core_log_to(seat.tmp.parent / "logs" / seat.run / "temporal.log")
         await self.connect()
         started = time.time()
         activity_id = call.attach or self._next_id(call, seat.run)
@@ -456,22 +495,33 @@ class TemporalPlacement:
                 seat={**seat_settings(seat), **self.store},
                 call={"label": call.label},
             )
-            handle = await self._client.start_activity(
-                ACTIVITY,
-                order.to_dict(),
-                id=activity_id,
-                task_queue=self.where.queue,
-                schedule_to_close_timeout=SCHEDULE_TO_CLOSE,
-                heartbeat_timeout=timedelta(seconds=HEARTBEAT_TIMEOUT_S),
-                id_reuse_policy=ActivityIDReusePolicy.REJECT_DUPLICATE,
-                id_conflict_policy=ActivityIDConflictPolicy.FAIL,
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=0.5),
-                    backoff_coefficient=1.0,
-                    maximum_interval=timedelta(seconds=2),
-                ),
-                summary=f"{call.label} (run {seat.run})",
-            )
+            while True:  # a Temporal that went away is waited for (the id makes it once)
+                try:
+                    handle = await self.outage.watch(
+                        self._client.start_activity(
+                            ACTIVITY,
+                            order.to_dict(),
+                            id=activity_id,
+                            task_queue=self.where.queue,
+                            schedule_to_close_timeout=SCHEDULE_TO_CLOSE,
+                            heartbeat_timeout=timedelta(seconds=HEARTBEAT_TIMEOUT_S),
+                            id_reuse_policy=ActivityIDReusePolicy.REJECT_DUPLICATE,
+                            id_conflict_policy=ActivityIDConflictPolicy.FAIL,
+                            retry_policy=RetryPolicy(
+                                initial_interval=timedelta(seconds=0.5),
+                                backoff_coefficient=1.0,
+                                maximum_interval=timedelta(seconds=2),
+                            ),
+                            summary=f"{call.label} (run {seat.run})",
+                        )
+                    )
+                except Exception as exc:
+                    if not self.outage.transient(exc):
+                        raise
+                    await self.outage.wait(exc)
+                    continue
+                self.outage.over()
+                break
         except ActivityAlreadyStartedError:
             handle = self._client.get_activity_handle(activity_id)
         self._running[activity_id] = (mailbox, watch)
@@ -504,7 +554,7 @@ class TemporalPlacement:
     ) -> StepResult:
         """Read the attempt's frames to its result; the activity's end settles what the
         frames could not (it failed for good, or was cancelled)."""
-        done = asyncio.ensure_future(_outcome(handle))
+        done = asyncio.ensure_future(_outcome(handle, self.outage))
         frames = mailbox.frames(up(mailbox.id))
         asking: set[asyncio.Task[None]] = set()
         try:
@@ -597,16 +647,113 @@ def _answered(mailbox: Mailbox) -> set[str]:
     return {item.id for item in frames if isinstance(item, Answer)}
 
 
-async def _outcome(handle: Any) -> str | None:
+async def _outcome(handle: Any, outage: _Outage) -> str | None:
     """How the activity ended (it waits for the end): None when it returned (its result is
     the attempt's ``Result`` frame in the mailbox: Temporal carries no step text), else
-    why it gave none."""
+    why it gave none. A Temporal that went away meanwhile is waited for: the attempt runs
+    on its worker all the same, its frames come through the state database."""
+    while True:
+        try:
+            await outage.watch(handle.result())
+        except Exception as exc:  # noqa: BLE001 - said as the attempt's error
+            if outage.transient(exc):
+                await outage.wait(exc)
+                continue
+            cause = getattr(exc, "cause", None)
+            return str(cause or exc)
+        outage.over()
+        return None
+
+
+#: The Temporal SDK's own log lines, forwarded from its core: into the run's log file only.
+CORE_LOG = logging.getLogger("flower_temporal_core")
+CORE_LOG.propagate = False
+CORE_LOG.addHandler(logging.NullHandler())
+
+
+def _core_log_to(path: Path) -> None:
+    """Keep the SDK's log lines in ``path`` (0600, created once per process)."""
+    if any(isinstance(h, logging.FileHandler) for h in CORE_LOG.handlers):
+        return
+    from flower.util.fsutil import open_private, private_dir
+
     try:
-        await handle.result()
-    except Exception as exc:  # noqa: BLE001 - said as the attempt's error
-        cause = getattr(exc, "cause", None)
-        return str(cause or exc)
-    return None
+        private_dir(path.parent)
+        os.close(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        return  # the lines are dropped, never shown: they are the SDK's, not the person's
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    CORE_LOG.addHandler(handler)
+
+
+class _Outage:
+    """Temporal not answering, mid-run: one ``!`` line per outage, then waits that grow
+    (0.25 s to 4 s) until a call goes through again. The start's checks found it, so an
+    unreachable service now is an outage (a restart, a network cut), not a mistake."""
+
+    PROBE_S = 2.0  # while a call waits, this often a look whether the service is there
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.tries = 0
+
+    async def watch(self, call: Awaitable[T]) -> T:
+        """``await call``, looking every :data:`PROBE_S` whether Temporal still takes
+        connections: the SDK retries a call through a short outage by itself, silently,
+        and a person should still hear of it (one line)."""
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.PROBE_S)
+                if done:
+                    out = task.result()
+                    self.over()
+                    return out
+                why = await asyncio.to_thread(_unreachable, self.where)
+                if why is not None and self.tries == 0:
+                    log.warning("%s", t("remote.temporal_down", where=self.where, why=why))
+                    self.tries = 1
+        finally:
+            if not task.done():
+                task.cancel()
+
+    @staticmethod
+    def transient(exc: BaseException) -> bool:
+        from temporalio.service import RPCError, RPCStatusCode
+
+        if isinstance(exc, RPCError):
+            return exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+        text = str(exc).lower()  # connect's own FlowerError: refused, reset, unreachable
+        return isinstance(exc, FlowerError) and any(
+            w in text for w in ("connection refused", "connection reset", "transport error")
+        )
+
+    async def wait(self, exc: BaseException) -> None:
+        if self.tries == 0:
+            log.warning("%s", t("remote.temporal_down", where=self.where, why=_short(exc)))
+        self.tries += 1
+        await asyncio.sleep(min(4.0, 0.25 * 2 ** min(self.tries, 5)))
+
+    def over(self) -> None:
+        self.tries = 0
+
+
+def _unreachable(target: str) -> str | None:
+    """Why ``host:port`` takes no TCP connection now (None: it does)."""
+    import socket
+
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return None
+    except (OSError, ValueError) as exc:
+        return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 160 else text[:159] + "…"
 
 
 def _result_in(mailbox: Mailbox) -> StepResult | None:
