@@ -229,13 +229,13 @@ define(
         ),
         "super.help.ui": (
             "在浏览器里看运行:每次运行、它的时间线(每次尝试一条,杀掉、醒来、接手都标出来)、"
-            "每一步的对话,实时更新;也能从页面取消运行。默认只在本机(127.0.0.1)提供;"
-            "打印的地址带着令牌,看对话和取消都要它。",
+            "每一步的对话,实时更新;也能从页面取消运行、回答它在等的问题。默认只在本机"
+            "(127.0.0.1)提供;打印的地址带着令牌,看对话、取消和回答都要它。",
             "See runs in a browser: every run, its timeline (one bar per attempt, with kills, "
             "wakes and takeovers marked), each step's conversation, updated live; cancel a run "
-            "from the page. Served on this machine only (127.0.0.1) unless --host says "
-            "otherwise; the address it prints carries a token that conversations and cancel "
-            "need (and, on another --host, every request).",
+            "or answer the question it waits on from the page. Served on this machine only "
+            "(127.0.0.1) unless --host says otherwise; the address it prints carries a token "
+            "that conversations and actions need (and, on another --host, every request).",
         ),
         "super.help.ui_host": (
             "在哪个地址上提供(默认只本机;别的地址上每个请求都要令牌)",

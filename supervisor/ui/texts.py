@@ -101,8 +101,8 @@ define(
         "ui.attempts": ("次尝试", "attempts"),
         "ui.serving": ("flower 运行视图:{url}", "flower's run view: {url}"),
         "ui.serving.note": (
-            "(地址里带着令牌:看对话和取消都要它;只在这台机器上能打开。Ctrl-C 停止)",
-            "(the address carries the token: conversations and cancel need it; served to "
+            "(地址里带着令牌:看对话、取消和回答都要它;只在这台机器上能打开。Ctrl-C 停止)",
+            "(the address carries the token: conversations and actions need it; served to "
             "this machine only. Ctrl-C stops it)",
         ),
         "ui.serving.note.host": (
