@@ -142,3 +142,36 @@ def test_the_heartbeat_alone_changes_nothing_a_page_shows(tmp_path: Path) -> Non
     r.step = "a"
     Registry(rd).write(r)
     assert model.signature(state, {}) != before
+
+
+def test_every_text_the_page_uses_is_in_the_catalogue_in_both_languages() -> None:
+    import re
+
+    from flower.i18n import keys, texts
+    from supervisor.ui import texts as _defined  # noqa: F401 - the ui.* texts
+    from supervisor.ui.server import STATIC
+
+    ui_keys = {k for k in keys() if k.startswith("ui.")}
+    script = (STATIC / "app.js").read_text(encoding="utf-8")
+    page = (STATIC / "index.html").read_text(encoding="utf-8")
+    # T("ui.x") with a literal key; a key ending in "." is a prefix, completed below
+    used = {k for k in re.findall(r'T\("(ui\.[a-z_.-]+)"', script) if not k.endswith(".")}
+    used |= set(re.findall(r'data-t="(ui\.[a-z_.-]+)"', page))
+    used |= {
+        f"ui.outcome.{o}"
+        for o in re.findall(r'"([a-z-]+)"', script.split("OUTCOMES = [")[1].split("]")[0])
+    }
+    used |= {
+        f"ui.mark.{k}" for k in ("wake", "handoff", "reset", "retry", "ask", "end", "takeover")
+    }
+    used |= {f"ui.ledger.{s}" for s in ("done", "started", "failed", "interrupted")}
+    used |= {f"ui.kind.{k}" for k in ("cli", "prompt", "thinking", "text")}
+    assert used - ui_keys == set()
+    cjk = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+    fields = re.compile(r"\{(\w+)")
+    for key in ui_keys:
+        zh, en = texts(key)
+        assert zh and en, key
+        assert set(fields.findall(zh)) == set(fields.findall(en)), key
+        if key != "ui.lang":  # the switch names the other language, in that language
+            assert not cjk.search(en), key
