@@ -121,7 +121,7 @@ class FlowerView:
             "started_at": r.started_at,
             "attempt": r.attempt,
             "woke": r.woke,
-            "elapsed_s": round(_elapsed(r, self.alive), 1),
+            "elapsed_s": round(elapsed(r, self.alive), 1),
             # as status prints it, and the state URL to export first (its password masked)
             "resume": resume_line(self.resume_command)[0] if self.resume_command else None,
             "resume_export": resume_line(self.resume_command)[1] if self.resume_command else None,
@@ -191,10 +191,18 @@ def collect(seen: Seen) -> Report:
 def _view(r: FlowerRecord, everyone: list[FlowerRecord], seen: Seen) -> FlowerView:
     alive = r.alive
     state = state_of(r, alive)
-    command = None
-    if not alive and state in (RESUMABLE, KILLED, FAILED) and not _superseded(r, everyone):
-        command = r.command or None
+    command = resume_command(r, everyone, alive)
     return FlowerView(r, alive, state, command, commands(r, state == RUNNING, seen))
+
+
+def resume_command(r: FlowerRecord, everyone: list[FlowerRecord], alive: bool) -> list[str] | None:
+    """The command that carries ``r`` on, when it is dead with work left and no later run
+    of its flow here finished it or carries it on now (what ``status`` shows under it)."""
+    if alive or state_of(r, alive) not in (RESUMABLE, KILLED, FAILED):
+        return None
+    if _superseded(r, everyone):
+        return None
+    return r.command or None
 
 
 def commands(r: FlowerRecord, live: bool, seen: Seen) -> list[str]:
@@ -227,7 +235,8 @@ def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
     return False
 
 
-def _elapsed(r: FlowerRecord, alive: bool) -> float:
+def elapsed(r: FlowerRecord, alive: bool) -> float:
+    """Seconds from ``r``'s start to now (live) or to its end."""
     end = time.time() if alive else (r.ended_at or r.updated_at or r.started_at)
     return max(0.0, end - r.started_at)
 
@@ -277,7 +286,7 @@ def _flower_lines(f: FlowerView) -> list[str]:
         session=r.session_id or "-",
         attempt=r.attempt,
         woke=r.woke,
-        elapsed=_dur(_elapsed(r, f.alive)),
+        elapsed=_dur(elapsed(r, f.alive)),
     )
     out = [head, detail]
     for label, where in r.placed.items():  # attempts on cluster workers, where each runs

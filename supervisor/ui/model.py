@@ -75,14 +75,9 @@ def state_of_run(state: RunState, run: str) -> RunState:
 
 def _runs_of(state: RunState) -> list[dict[str, Any]]:
     from supervisor.inspect.runstate import resume_line
+    from supervisor.inspect.status import elapsed, resume_command
 
     records = state.registry.records()
-    # the latest start of a finished run, per flow and workspace: what supersedes a dead one
-    done_at: dict[tuple[str, str], float] = {}
-    for o in records:
-        if o.state == FINISHED:
-            key = (o.flow, o.workspace)
-            done_at[key] = max(done_at.get(key, 0.0), o.started_at)
     rows = state.manifest_rows()
     by_run: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -96,9 +91,9 @@ def _runs_of(state: RunState) -> list[dict[str, Any]]:
         cost = sum(float(row.get("cost_usd") or 0.0) for row in mine)
         reuse = summary(r.reuse) if r.reuse else {"reused": 0, "executed": 0, "saved_usd": 0}
         resume = export = None
-        later = done_at.get((r.flow, r.workspace), 0.0) > r.started_at
-        if not alive and st != FINISHED and r.command and not later and not _superseded(r, records):
-            resume, export = resume_line(r.command)
+        command = resume_command(r, records, alive)  # as status shows it under a dead run
+        if command:
+            resume, export = resume_line(command)
         out.append(
             {
                 "run": r.run,
@@ -107,7 +102,7 @@ def _runs_of(state: RunState) -> list[dict[str, Any]]:
                 "state": st,
                 "alive": alive,
                 "started_at": r.started_at,
-                "elapsed_s": round(_end(r, alive) - r.started_at, 1),
+                "elapsed_s": round(elapsed(r, alive), 1),
                 "steps_done": len([s for s in r.steps if s in done]),
                 "steps_total": len(r.steps),
                 "step": r.step,
@@ -122,16 +117,6 @@ def _runs_of(state: RunState) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
-    return any(
-        o.flow == r.flow
-        and o.workspace == r.workspace
-        and o.started_at > r.started_at
-        and (o.state == FINISHED or o.alive)
-        for o in everyone
-    )
 
 
 def _end(r: FlowerRecord, alive: bool) -> float:
