@@ -175,3 +175,15 @@ def test_every_text_the_page_uses_is_in_the_catalogue_in_both_languages() -> Non
         assert set(fields.findall(zh)) == set(fields.findall(en)), key
         if key != "ui.lang":  # the switch names the other language, in that language
             assert not cjk.search(en), key
+
+
+def test_a_dead_run_with_work_left_carries_the_command_status_prints(tmp_path: Path) -> None:
+    rd, ws = tmp_path / "runs", tmp_path
+    dead = rec("r1", ws, T0, KILLED, ["a", "b"])
+    dead.command = ["flower-super", "start", "--flow", "f.py:flow", "-r", str(rd), "two words"]
+    Registry(rd).write(dead)
+    (shown,) = model.runs(LocalState(rd, ws))["runs"]
+    assert shown["resume"] == f"flower-super start --flow f.py:flow -r {rd} 'two words'"
+    assert shown["resume_export"] is None
+    Registry(rd).write(rec("r2", ws, T0 + 100, FINISHED, ["a", "b"], woke=1))
+    assert [r["resume"] for r in model.runs(LocalState(rd, ws))["runs"]] == [None, None]
