@@ -44,6 +44,17 @@ def wait_until(
         time.sleep(interval)
 
 
+def answers(*names: str) -> dict[str, Any]:
+    """A model-server script where each of ``names`` (a step, matched by its ``[[name]]``
+    marker) answers ``<name> done.`` at once."""
+    return {
+        "conversations": [
+            {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
+            for n in names
+        ]
+    }
+
+
 def tagged(tag: str) -> list[psutil.Process]:
     """Running (non-zombie) processes whose environment carries ``tag``."""
     out = []

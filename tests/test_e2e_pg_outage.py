@@ -34,7 +34,7 @@ import pytest
 from flower.services.model_server import ModelServer
 from flower.services.postgres import PgServer
 from flower.testing.pytest_postgres import database_url
-from tests.e2e import kill, wait_until
+from tests.e2e import answers, kill, wait_until
 from tests.e2e_pg import PgFlower
 
 # One flower run of real CLI turns, a 10 s outage in the middle, this module's own server
@@ -292,14 +292,7 @@ def test_a_start_while_the_database_is_down_waits_for_it_and_runs(
     """The database down as the start begins (a server restart, an outage as a scheduled
     run fires): the start says so in one line and waits; back 4 s later, the run is made
     and ends as any other, nothing written before the database was there."""
-    server: ModelServer = model_server(
-        {
-            "conversations": [
-                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
-                for n in ("first", "second")
-            ]
-        }
-    )
+    server: ModelServer = model_server(answers("first", "second"))
     f: PgFlower = flower_env(server, state=state)
     own_server.down()
     proc = f.start(flow=FLOW)

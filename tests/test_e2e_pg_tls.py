@@ -16,6 +16,7 @@ against the scripted model server:
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -30,6 +31,7 @@ import pytest
 
 from flower.services.postgres import PgServer
 from flower.testing.pytest_postgres import database_url
+from tests.e2e import answers
 from tests.e2e_pg import PgFlower
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -102,14 +104,7 @@ def test_verify_full_and_a_pgpass_file_run_a_flow(
     model_server: Any, flower_env: Any, tls: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PGPASSFILE", str(tls["passfile"]))  # the test's own reads, too
-    server = model_server(
-        {
-            "conversations": [
-                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
-                for n in ("first", "second")
-            ]
-        }
-    )
+    server = model_server(answers("first", "second"))
     f: PgFlower = flower_env(
         server, state=tls["url"], extra_env={"PGPASSFILE": str(tls["passfile"])}
     )
@@ -144,14 +139,7 @@ def test_a_password_on_the_command_line_runs_and_is_said_once(
 ) -> None:
     monkeypatch.delenv("PGPASSFILE", raising=False)  # the URL's password is the only one
     monkeypatch.delenv("PGPASSWORD", raising=False)
-    server = model_server(
-        {
-            "conversations": [
-                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
-                for n in ("first", "second")
-            ]
-        }
-    )
+    server = model_server(answers("first", "second"))
     f: PgFlower = flower_env(server, state=tls["url"])
     f.env.pop("FLOWER_STATE")
     assert "PGPASSFILE" not in f.env and "PGPASSWORD" not in f.env
@@ -201,14 +189,7 @@ def test_the_web_view_on_a_state_url_with_a_password_shows_no_password(
     import urllib.request
 
     monkeypatch.setenv("PGPASSFILE", str(tls["passfile"]))
-    server = model_server(
-        {
-            "conversations": [
-                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
-                for n in ("first", "second")
-            ]
-        }
-    )
+    server = model_server(answers("first", "second"))
     f: PgFlower = flower_env(
         server, state=tls["url"], extra_env={"PGPASSFILE": str(tls["passfile"])}
     )
@@ -230,7 +211,7 @@ def test_the_web_view_on_a_state_url_with_a_password_shows_no_password(
         req = urllib.request.Request(base + path, headers={"X-Flower-Token": token})
         with urllib.request.urlopen(req, timeout=10) as res:
             seen.append(res.read().decode("utf-8", "replace"))
-    runs = json_of(seen[1])
+    runs = json.loads(seen[1])
     # every workspace that ran on this database, this one among them
     spaces = {r["workspace"] for r in runs["runs"]}
     assert str(f.ws.resolve()) in spaces, spaces
@@ -240,9 +221,3 @@ def test_the_web_view_on_a_state_url_with_a_password_shows_no_password(
     _, err = ui.communicate(timeout=10)
     said = [x for x in err.decode().splitlines() if "pgpass" in x]
     assert len(said) == 1 and PASSWORD not in err.decode(), err
-
-
-def json_of(text: str) -> Any:
-    import json
-
-    return json.loads(text)

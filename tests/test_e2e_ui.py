@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import REPO, Flower, kill, wait_until
+from tests.e2e import REPO, Flower, answers, kill, wait_until
 from tests.e2e_pg import STATES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -274,14 +274,7 @@ def test_a_new_step_shows_live_and_cancel_from_the_page_stops_the_run(
 def test_the_token_guards_conversations_actions_and_other_addresses(
     model_server: Any, flower_env: Any, browser: Any
 ) -> None:
-    server = model_server(
-        {
-            "conversations": [
-                {"name": n, "match": {"marker": f"[[{n}]]"}, "turns": [{"text": f"{n} done."}]}
-                for n in ("first", "second")
-            ]
-        }
-    )
+    server = model_server(answers("first", "second"))
     f: Flower = flower_env(server)
     code, out = f.run(flow=FLOW)
     assert code == 0, out

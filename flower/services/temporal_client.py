@@ -311,12 +311,17 @@ def check(found: Settings, timeout: float = CHECK_TIMEOUT_S) -> None:
         try:
             await asyncio.wait_for(connect(found, runtime), timeout)
         except TimeoutError:
-            raise FlowerError(
+            raise TemporalUnreachable(
                 t("remote.unreachable", target=found.target, error=f"no answer in {timeout:g} s"),
                 hint=t("remote.unreachable.hint"),
             ) from None
 
     run_on_own_runtime(probe)
+
+
+class TemporalUnreachable(FlowerError):
+    """Temporal did not answer (refused, reset, no route, no answer in time): an outage
+    once a run has started, a mistake at the front door."""
 
 
 def failure(found: Settings, exc: BaseException) -> FlowerError:
@@ -363,7 +368,7 @@ def failure(found: Settings, exc: BaseException) -> FlowerError:
             t("remote.refused", target=target, what=found.credentials, error=reason),
             hint=t("remote.refused.hint"),
         )
-    return FlowerError(
+    return TemporalUnreachable(
         t("remote.unreachable", target=target, error=reason), hint=t("remote.unreachable.hint")
     )
 

@@ -51,7 +51,13 @@ from typing import Any, TypeVar
 from flower import AttemptCrash, FlowerError
 from flower.agents.wire import to_wire
 from flower.i18n import define, t
-from flower.services.temporal_client import Where, check, connect, settings_for
+from flower.services.temporal_client import (
+    TemporalUnreachable,
+    Where,
+    check,
+    connect,
+    settings_for,
+)
 from flower.state.backends import RunState
 from flower.state.result import StepResult
 from flower.step.call import StepCall
@@ -724,10 +730,7 @@ class _Outage:
 
         if isinstance(exc, RPCError):
             return exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
-        text = str(exc).lower()  # connect's own FlowerError: refused, reset, unreachable
-        return isinstance(exc, FlowerError) and any(
-            w in text for w in ("connection refused", "connection reset", "transport error")
-        )
+        return isinstance(exc, TemporalUnreachable)  # connect's own verdict
 
     async def wait(self, exc: BaseException) -> None:
         if self.tries == 0:

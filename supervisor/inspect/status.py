@@ -237,8 +237,12 @@ def _superseded(r: FlowerRecord, everyone: list[FlowerRecord]) -> bool:
 
 def elapsed(r: FlowerRecord, alive: bool) -> float:
     """Seconds from ``r``'s start to now (live) or to its end."""
-    end = time.time() if alive else (r.ended_at or r.updated_at or r.started_at)
-    return max(0.0, end - r.started_at)
+    return max(0.0, end_of(r, alive) - r.started_at)
+
+
+def end_of(r: FlowerRecord, alive: bool) -> float:
+    """When ``r`` ended (now while it is live; else its last word on record)."""
+    return time.time() if alive else (r.ended_at or r.updated_at or r.started_at)
 
 
 # -- text ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from flower.state.registry import FINISHED, RUNNING, FlowerRecord, state_of
 from flower.state.result import KILLED_BY_SIGNAL
 from flower.state.reuse import summary
+from supervisor.inspect.status import elapsed, end_of, resume_command
 
 if TYPE_CHECKING:
     from flower.state.backends import RunState
@@ -75,7 +76,6 @@ def state_of_run(state: RunState, run: str) -> RunState:
 
 def _runs_of(state: RunState) -> list[dict[str, Any]]:
     from supervisor.inspect.runstate import resume_line
-    from supervisor.inspect.status import elapsed, resume_command
 
     records = state.registry.records()
     rows = state.manifest_rows()
@@ -119,12 +119,6 @@ def _runs_of(state: RunState) -> list[dict[str, Any]]:
     return out
 
 
-def _end(r: FlowerRecord, alive: bool) -> float:
-    if alive:
-        return time.time()
-    return max(r.started_at, r.ended_at or r.heartbeat_at or r.updated_at or r.started_at)
-
-
 # -- a run's timeline ---------------------------------------------------------------------
 
 
@@ -148,7 +142,11 @@ def chain(records: list[FlowerRecord], run: FlowerRecord) -> list[FlowerRecord]:
 
 def timeline(state: RunState, run_id: str) -> dict[str, Any]:
     """The timeline of the run ``run_id`` (KeyError when there is none)."""
-    state = state_of_run(state, run_id)
+    return _timeline(state_of_run(state, run_id), run_id)
+
+
+def _timeline(state: RunState, run_id: str) -> dict[str, Any]:
+    """:func:`timeline` in the workspace's state that holds ``run_id``."""
     records = state.registry.records()
     run = next((r for r in records if r.run == run_id), None)
     if run is None:
@@ -188,7 +186,7 @@ def timeline(state: RunState, run_id: str) -> dict[str, Any]:
         )
         steps.append({"step": name, "children": labels})
     t0 = min([r.started_at for r in runs_] + [a["start"] for a in attempts])
-    t1 = max([_end(r, r.alive) for r in runs_] + [a["end"] for a in attempts] + [t0 + 1.0])
+    t1 = max([end_of(r, r.alive) for r in runs_] + [a["end"] for a in attempts] + [t0 + 1.0])
     last = runs_[-1]
     return {
         "run": run.run,
@@ -257,7 +255,7 @@ def _attempts(
     """The attempts run ``r`` made, from its events and manifest rows."""
     out: list[dict[str, Any]] = []
     open_: dict[str, dict[str, Any]] = {}  # label -> its latest attempt
-    end_of_run = _end(r, alive)
+    end_of_run = end_of(r, alive)
     if events:
         end_of_run = max(end_of_run, float(events[-1].get("t") or 0.0))
 
@@ -386,7 +384,7 @@ def _marks(r: FlowerRecord, events: list[dict[str, Any]]) -> list[dict[str, Any]
                 }
             )
     if not r.alive and r.state != FINISHED:
-        out.append({"kind": "end", "t": _end(r, False), "run": r.run, "state": state_of(r)})
+        out.append({"kind": "end", "t": end_of(r, False), "run": r.run, "state": state_of(r)})
     return out
 
 
@@ -399,7 +397,7 @@ def step(state: RunState, run_id: str, label: str) -> dict[str, Any]:
     from supervisor.inspect.show import conversation
 
     state = state_of_run(state, run_id)
-    tl = timeline(state, run_id)
+    tl = _timeline(state, run_id)
     mine = [a for a in tl["attempts"] if a["label"] == label]
     if not mine:
         raise KeyError(label)
