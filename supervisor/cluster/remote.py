@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -423,24 +422,15 @@ class TemporalPlacement:
     async def connect(self) -> None:
         """Reach Temporal now (the start checked it already: this is the run's own client);
         a service that went away since is waited for (:class:`_Outage`)."""
-        from temporalio.runtime import (
-            LogForwardingConfig,
-            LoggingConfig,
-            Runtime,
-            TelemetryConfig,
-            TelemetryFilter,
-        )
+        from temporalio.runtime import Runtime, TelemetryConfig
 
         if self._client is not None:
             return
         if self._runtime is None:
-            # the SDK's own WARN lines (coloured, on stderr by default) go to the run's
-            # temporal.log (:func:`_core_log_to`), never to the person's terminal
-            logs = LoggingConfig(
-                filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
-                forwarding=LogForwardingConfig(logger=CORE_LOG),
-            )
-            self._runtime = Runtime(telemetry=TelemetryConfig(logging=logs))
+            # No core logging: its WARN lines (coloured, on stderr) are not the person's, and
+            # forwarding them to a Python logger deadlocked an exit here (the runtime, being
+            # collected, joined a core thread that waited for the GIL to log).
+            self._runtime = Runtime(telemetry=TelemetryConfig(logging=None))
         outage = self.outage
         while True:
             try:
@@ -473,7 +463,6 @@ class TemporalPlacement:
         from temporalio.common import ActivityIDConflictPolicy, ActivityIDReusePolicy, RetryPolicy
         from temporalio.exceptions import ActivityAlreadyStartedError
 
-        _core_log_to(seat.tmp.parent / "logs" / seat.run / "temporal.log")
         await self.connect()
         started = time.time()
         activity_id = call.attach or self._next_id(call, seat.run)
@@ -669,28 +658,6 @@ async def _outcome(handle: Any, outage: _Outage) -> str | None:
             return str(cause or exc)
         outage.over()
         return None
-
-
-#: The Temporal SDK's own log lines, forwarded from its core: into the run's log file only.
-CORE_LOG = logging.getLogger("flower_temporal_core")
-CORE_LOG.propagate = False
-CORE_LOG.addHandler(logging.NullHandler())
-
-
-def _core_log_to(path: Path) -> None:
-    """Keep the SDK's log lines in ``path`` (0600, created once per process)."""
-    if any(isinstance(h, logging.FileHandler) for h in CORE_LOG.handlers):
-        return
-    from flower.util.fsutil import open_private, private_dir
-
-    try:
-        private_dir(path.parent)
-        os.close(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
-        handler = logging.FileHandler(path, encoding="utf-8")
-    except OSError:
-        return  # the lines are dropped, never shown: they are the SDK's, not the person's
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    CORE_LOG.addHandler(handler)
 
 
 class _Outage:
