@@ -1358,3 +1358,98 @@ def test_ctrl_c_once_and_a_sentence_reach_b_on_its_worker_in_b_s_own_session(
     assert "ede_diagnostic" not in c.logs_text()
     for w in c.workers:
         no_tree_left(w)
+
+
+# ---------------------------------------------------------------------------------------
+# seeing the workers: ``flower-super workers`` and ``worker --metrics``
+# ---------------------------------------------------------------------------------------
+
+
+def workers_listed(c: Cluster, *extra: str) -> tuple[int, str]:
+    """``flower-super workers`` as a person on another machine runs it: the state URL from
+    FLOWER_STATE, nothing else of the cluster's."""
+    env = {k: v for k, v in c.f.env.items() if k != "FLOWER_PLACEMENT"}
+    done = subprocess.run(
+        c.f.argv("workers", *extra), cwd=c.f.root, env=env, capture_output=True, timeout=30
+    )
+    return done.returncode, (done.stdout + done.stderr).decode("utf-8", "replace")
+
+
+def listed(c: Cluster) -> dict[int, dict[str, Any]]:
+    """Each worker's row by pid (``workers --json``)."""
+    code, out = workers_listed(c, "--json", "--queue", c.queue)
+    assert code in (0, 1), out
+    return {int(row["pid"]): row for row in json.loads(out)}
+
+
+def metric(port: int, name: str) -> float | None:
+    """``name``'s value at a worker's metrics endpoint (None: not there)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as got:
+        text = got.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_workers_lists_each_worker_and_what_it_runs_and_metrics_count_it(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    from flower.services._servers import free_port
+
+    c = cluster(abc_script(B_WAITS))
+    ports = {"W1": free_port(), "W2": free_port()}
+    for name, port in ports.items():
+        c.worker(name, flags=("--metrics", f"127.0.0.1:{port}"))
+    sup = c.start(ABC)
+    waiting_on(c.f.server, "B", 1)
+    victim = c.running("B")
+    other = next(w for w in c.workers if w is not victim)
+    run = c.db.manifest()[0]["run"]
+
+    # While B runs: both workers listed, B on the one that runs it, from the state alone.
+    def lists_b() -> tuple[int, str] | None:
+        code, out = workers_listed(c)
+        return (code, out) if f"run {run}  B" in out else None
+
+    code, out = wait_until(lists_b, 10, "B on the list of workers")
+    assert code == 0, out
+    assert f"pid {victim.proc.pid}" in out and f"pid {other.proc.pid}" in out, out
+    assert f"run {run}  B" in out, out
+    rows = listed(c)
+    assert [(a["run"], a["label"], a["try"]) for a in rows[victim.proc.pid]["running"]] == [
+        (run, "B", 1)
+    ]
+    assert rows[other.proc.pid]["running"] == []
+    assert rows[victim.proc.pid]["slots"] == 1
+    assert metric(ports[victim.name], "flower_attempts_running") == 1
+    assert metric(ports[other.name], "flower_attempts_running") == 0
+    # the Temporal SDK's own metrics on the same endpoint
+    assert metric(ports[victim.name], "temporal_num_pollers") is not None
+
+    kill_worker(victim)
+    out = finish(c, sup)
+    assert sup.returncode == 0, out + c.logs_text()
+    rows = listed(c)
+    took = rows[other.proc.pid]
+    assert took["takeovers"] == 1 and took["running"] == [], took
+    assert took["finished"] == other.took("A") + other.took("B") + other.took("C")
+    assert metric(ports[other.name], "flower_takeovers") == 1
+    assert metric(ports[other.name], "flower_attempts_finished") == took["finished"]
+    # The killed worker never said it stopped: its row goes silent, and says so.
+    wait_until(
+        lambda: listed(c)[victim.proc.pid]["state"] == "silent", 30, "the dead worker silent"
+    )
+    code, out = workers_listed(c, "--queue", c.queue)
+    assert code == 0 and out.count("! ") == 1, out  # one worker alive, one silent
+
+    # A worker stopped as a person stops it is listed as stopped (with --all only).
+    kill_worker(other, signal.SIGTERM)
+    code, out = workers_listed(c, "--queue", c.queue)
+    assert code == 1, out  # no worker of the queue is alive
+    assert other.proc.pid not in listed(c)  # listed with --all only
+    code, out = workers_listed(c, "--all", "--json", "--queue", c.queue)
+    states = {int(r["pid"]): r["state"] for r in json.loads(out)}
+    assert states == {victim.proc.pid: "silent", other.proc.pid: "stopped"}, out

@@ -297,7 +297,7 @@ def _create(conn: psycopg.Connection, barrier: threading.Barrier, errors: list) 
 # ---- the schema's versions -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("version", [0, 1, 2])
 def test_an_older_schema_is_upgraded_in_place(pg_dsn: str, version: int) -> None:
     q = Sql("flower")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # what an older flower left
@@ -319,6 +319,8 @@ def test_an_older_schema_is_upgraded_in_place(pg_dsn: str, version: int) -> None
             assert box == [None]
         asyncio.run(state.sessions.append(KEY, [e(2)]))
         assert state.sessions.load_sync(KEY) == [e(1), e(2)] if version else [e(2)]
+        state.workers.report("w1", "q", 1.0, {"slots": 2})  # version 3's table
+        assert [(r["name"], r["slots"]) for r in state.workers.rows("q")] == [("w1", 2)]
     finally:
         state.close()
 

@@ -507,6 +507,29 @@ def test_mailboxes_are_postgresql_s_only(place: Place, state: RunState) -> None:
     assert other.wait("attempt-1", later[-1][0], 0.2) is False
 
 
+def test_events_changed_names_the_runs_that_got_one(place: Place, state: RunState) -> None:
+    """What a follower of many runs (a cluster's mailbox pump) waits on: PostgreSQL names
+    the runs whose events came since the last look, and nothing else; a run_dir's files
+    cannot say (None: look at every run)."""
+    rows = place.open().events
+    if place.kind == "local":
+        assert rows.changed(0.05) is None
+        return
+    assert rows.changed(0.05) is None  # just started listening: what came before is unknown
+    assert rows.changed(0.05) == set()
+    state.events.append("run-a", {"kind": "x"})
+    state.events.append("run-b", {"kind": "x"})
+    state.events.append("run-a", {"kind": "y"})
+    seen: set[str] = set()
+    deadline = time.monotonic() + 5.0
+    while seen != {"run-a", "run-b"} and time.monotonic() < deadline:
+        got = rows.changed(1.0)
+        assert got is not None
+        seen |= got
+    assert seen == {"run-a", "run-b"}
+    assert rows.changed(0.05) == set()
+
+
 # -- scope -----------------------------------------------------------------------------------
 
 

@@ -249,7 +249,14 @@ def settings_for(where: Where, env: Mapping[str, str] | None = None) -> Settings
 # ---------------------------------------------------------------------------------------
 
 
-def run_on_own_runtime(main: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
+class MetricsUnavailable(Exception):
+    """The runtime cannot serve Prometheus metrics where it was asked (the port is taken,
+    the address is not HOST:PORT): the runtime's own words."""
+
+
+def run_on_own_runtime(
+    main: Callable[[Runtime], Coroutine[Any, Any, T]], *, metrics: str | None = None
+) -> T:
     """``asyncio.run(main(runtime))`` on a Temporal runtime of its own, whose threads have
     ended when this returns.
 
@@ -259,23 +266,34 @@ def run_on_own_runtime(main: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
     worker of the process ``runtime`` (``Client.connect(..., runtime=runtime)``), keep
     neither anywhere ``main`` does not own, and the runtime is collected here, before the
     interpreter ends.
+
+    ``metrics``: HOST:PORT where the runtime serves Prometheus metrics (its own, and what is
+    recorded on ``runtime.metric_meter``); :class:`MetricsUnavailable` when it cannot.
     """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _run_on_own_runtime(main)
+        return _run_on_own_runtime(main, metrics)
     # called from a thread that runs an event loop (a caller's own, e.g. a browser driver's):
     # asyncio.run cannot run there, so it runs on a thread of its own, waited for
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="flower-temporal") as pool:
-        return pool.submit(_run_on_own_runtime, main).result()
+        return pool.submit(_run_on_own_runtime, main, metrics).result()
 
 
-def _run_on_own_runtime(main: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
-    from temporalio.runtime import Runtime, TelemetryConfig
+def _run_on_own_runtime(
+    main: Callable[[Runtime], Coroutine[Any, Any, T]], metrics: str | None
+) -> T:
+    from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-    runtime = Runtime(telemetry=TelemetryConfig())
+    exporter = PrometheusConfig(bind_address=metrics) if metrics else None
+    try:
+        runtime = Runtime(telemetry=TelemetryConfig(metrics=exporter))
+    except ValueError as exc:
+        if exporter is None:
+            raise
+        raise MetricsUnavailable(str(exc)) from None
     try:
         return asyncio.run(main(runtime))
     finally:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .postgres import PostgresState
     from .records import LedgerRow
     from .registry import Registry
-    from .seam import EventRows, LedgerRows, Sessions
+    from .seam import EventRows, LedgerRows, Sessions, WorkerRows
 
 STATE_ENV = "FLOWER_STATE"
 
@@ -158,6 +158,9 @@ class RunState(Protocol):
 
     @property
     def mailboxes(self) -> EventRows: ...
+
+    @property
+    def workers(self) -> WorkerRows: ...
 
     def transcript(self, session_id: str) -> list[dict[str, Any]]: ...
 
@@ -361,6 +364,11 @@ class LocalState:
     @property
     def mailboxes(self) -> EventRows:
         """A run_dir's files are this machine's only: a cluster cannot use them."""
+        raise FlowerError(t("state.not_shared"), hint=t("state.not_shared.hint"))
+
+    @property
+    def workers(self) -> WorkerRows:
+        """No cluster's workers report to a run_dir's files."""
         raise FlowerError(t("state.not_shared"), hint=t("state.not_shared.hint"))
 
     def transcript(self, session_id: str) -> list[dict[str, Any]]:
@@ -582,6 +590,10 @@ class SharedState:
     def mailboxes(self) -> EventRows:
         """Where a supervisor and a worker exchange an attempt's messages: event rows."""
         return self.rows.events
+
+    @property
+    def workers(self) -> WorkerRows:
+        return cast("WorkerRows", self.rows.workers)
 
     def transcript(self, session_id: str) -> list[dict[str, Any]]:
         key = {"project_key": self.workspace_id, "session_id": session_id}

@@ -241,10 +241,10 @@ class FileEventRows:
                     return True
         return False
 
-    def wait_any(self, timeout: float) -> bool:
-        """A run_dir has no listeners to wake: look again after ``timeout`` (True)."""
+    def changed(self, timeout: float) -> set[str] | None:
+        """A run_dir has no listeners to wake: look at every run again after ``timeout``."""
         time.sleep(max(0.0, timeout))
-        return True
+        return None
 
 
 def line(ev: Event, now: float | None = None) -> bytes:

@@ -248,9 +248,32 @@ class EventRows(Protocol):
         """Until the run has an event after ``after`` (True) or ``timeout`` passes."""
         ...
 
-    def wait_any(self, timeout: float) -> bool:
-        """Until any run gets an event (True: look) or ``timeout`` passes. None is missed
-        between two calls."""
+    def changed(self, timeout: float) -> set[str] | None:
+        """Until some run gets an event or ``timeout`` passes: the runs that got one since
+        the last call (an empty set: none came), or None when this backend cannot say which
+        (look at every run you follow). None is missed between two calls."""
+        ...
+
+
+class WorkerRows(Protocol):
+    """A cluster's workers as each last reported itself (a shared state's only)."""
+
+    def report(self, name: str, queue: str, started_at: float, record: dict[str, Any]) -> None:
+        """Insert or replace ``name``'s row with its heartbeat now."""
+        ...
+
+    def stopped(self, name: str) -> None:
+        """``name`` has stopped (its row stays a while, marked)."""
+        ...
+
+    def rows(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """Every worker's row (``queue``'s only, when given), with ``name``, ``queue``,
+        ``host``, ``started_at``, ``heartbeat_at``, ``stopped_at`` and ``now`` (the
+        state's clock, to judge silence by)."""
+        ...
+
+    def kept(self) -> tuple[int, int]:
+        """This machine's writes waiting for the state to take them: (processes, bytes)."""
         ...
 
 

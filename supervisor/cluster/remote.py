@@ -250,13 +250,18 @@ class Mailbox:
 
 
 class Pump:
-    """This process's one reader of every mailbox it follows: a thread that reads what is
-    new for each and sleeps on the database's notifications in between (one listening
-    connection for any number of attempts)."""
+    """This process's one reader of every mailbox it follows: a thread that sleeps on the
+    database's notifications and reads only the mailboxes they name (one listening
+    connection for any number of attempts; an event of another run costs no read). Every
+    mailbox is read again every :data:`SWEEP_S` seconds, and whenever the database cannot
+    say what changed (it was away, or a run_dir's files have no notifications)."""
+
+    SWEEP_S = 5.0
 
     def __init__(self, rows: Any) -> None:
         self.rows = rows
         self._subs: dict[str, list[tuple[asyncio.Queue[list[str]], list[int]]]] = {}
+        self._new: set[str] = set()  # subscribed since the last look: read them at once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -267,6 +272,7 @@ class Pump:
         queue: asyncio.Queue[list[str]] = asyncio.Queue()
         with self._lock:
             self._subs.setdefault(key, []).append((queue, [after]))
+            self._new.add(key)
             if self._thread is None:
                 self._stop = False
                 self._thread = threading.Thread(
@@ -289,28 +295,47 @@ class Pump:
             self._subs.clear()
 
     def _run(self) -> None:
+        changed: set[str] | None = None  # None: every mailbox
+        swept = 0.0
         while True:
+            now = time.monotonic()
+            if now - swept >= self.SWEEP_S:
+                changed = None
+            if changed is None:
+                swept = now
             with self._lock:
                 if self._stop or not self._subs:
                     self._thread = None
                     return
-                subs = [(k, q, pos) for k, lst in self._subs.items() for q, pos in lst]
-            found = False
+                look = changed if changed is None else changed | self._new
+                self._new.clear()
+                subs = [
+                    (k, q, pos)
+                    for k, lst in self._subs.items()
+                    if look is None or k in look
+                    for q, pos in lst
+                ]
+            away = False
             for key, queue, pos in subs:
                 try:
                     rows = self.rows.read(key, pos[0])
                 except Exception:  # noqa: BLE001 - the database is away: look again later
-                    time.sleep(0.5)
-                    continue
+                    away = True
+                    break
                 if rows:
-                    found = True
                     pos[0] = rows[-1][0]
                     lines = [str(e.get("line", "")) for _, e in rows if isinstance(e, dict)]
                     if self._loop is not None:
                         self._loop.call_soon_threadsafe(queue.put_nowait, lines)
-            if not found:
-                with contextlib.suppress(Exception):
-                    self.rows.wait_any(0.5)
+            if away:
+                time.sleep(0.5)
+                changed = None
+                continue
+            try:
+                changed = self.rows.changed(0.5)
+            except Exception:  # noqa: BLE001 - the database is away: look at all, later
+                time.sleep(0.5)
+                changed = None
 
 
 # ---------------------------------------------------------------------------------------

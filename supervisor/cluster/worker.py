@@ -26,6 +26,7 @@ Credentials come from this machine (the same lookup order as ``flower``); the st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -56,6 +57,7 @@ from supervisor.cluster.remote import (
     take_order,
     up,
 )
+from supervisor.cluster.report import REPORT_EVERY_S, WorkerReport, metrics_failed
 from supervisor.run.placement import Forked
 
 log = logging.getLogger("flower.supervisor")
@@ -153,6 +155,7 @@ class WorkerConfig:
     maps: list[tuple[str, str]] = field(default_factory=list)
     name: str = ""
     namespace: str = ""  # --namespace; "": TEMPORAL_NAMESPACE, the profile's, or default
+    metrics: str = ""  # --metrics HOST:PORT: serve Prometheus metrics there
 
 
 def parse_map(text: str) -> tuple[str, str]:
@@ -175,6 +178,7 @@ class Attempts:
         self._pump: Pump | None = None
         self.running = 0
         self.forks: set[Forked] = set()  # every slot's placement, while its attempt runs
+        self.report = WorkerReport(queue=cfg.queue, slots=cfg.slots, target=cfg.target)
 
     def reap(self) -> list[int]:
         """Reap the dead processes this worker adopted as subreaper (a stopped attempt's
@@ -310,6 +314,7 @@ class Attempts:
                 problem = exc.message
         if problem:
             say(t("worker.refused", label=label, why=problem))
+            self.report.refused()
             if (order.id, problem) not in self._told:  # Temporal retries it every few s
                 self._told.add((order.id, problem))
                 self.tell_refused(order, label, problem)
@@ -371,11 +376,15 @@ class Attempts:
             no_auto_compact=bool(order.seat.get("no_auto_compact")),
         )
         self.running += 1
+        self.report.began(order.id, order.run, label, info.attempt, took_over=ran)
         interrupted: list[bool] = []
+        ok = False
         try:
             result = await self._attempt(call, seat, mailbox, order.id, interrupted)
+            ok = result.ok
         finally:
             self.running -= 1
+            self.report.ended(order.id, ok)
         fields = dict(jsonable(result.to_dict()))
         try:  # the frame below is the result; this, its copy for a frame that is lost
             keep_result(mailbox.rows, order.id, fields)
@@ -559,7 +568,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     """Serve attempts until SIGTERM/SIGINT (the first finishes what runs, the second hands
     it back). Returns the exit status."""
     from flower.people.credentials import load_dotenv
-    from flower.services.temporal import run_on_own_runtime
+    from flower.services.temporal_client import MetricsUnavailable, run_on_own_runtime
     from flower.state.backends import open_state
     from flower.step.proctree import PROCS
     from supervisor.run.placement import preload
@@ -587,6 +596,12 @@ def run_worker(cfg: WorkerConfig) -> int:
 
         client = await connect(found, runtime)
         attempts = Attempts(cfg)
+        attempts.report = WorkerReport(
+            queue=cfg.queue,
+            slots=cfg.slots,
+            target=found.describe(),
+            meter=runtime.metric_meter if cfg.metrics else None,
+        )
 
         from temporalio import activity
 
@@ -626,7 +641,31 @@ def run_worker(cfg: WorkerConfig) -> int:
                 await asyncio.sleep(REAP_EVERY_S)
                 attempts.reap()
 
+        # this worker's row in the state (``flower-super workers``), from a state of its own
+        # (the report is written from a thread: the loop never waits on the database)
+        told = open_state(
+            cfg.state, run_dir=Path.cwd() / "runs", workspace=Path.cwd(), create=False
+        )
+        rows = told.workers
+
+        def write_report() -> None:
+            attempts.report.spooled(*rows.kept())
+            rows.report(cfg.name, cfg.queue, attempts.report.started_at, attempts.report.record())
+
+        async def reporter() -> None:
+            while True:
+                try:
+                    await asyncio.to_thread(write_report)
+                except Exception:  # the database is away: the next report
+                    log.debug("could not write this worker's row", exc_info=True)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(attempts.report.news.wait(), REPORT_EVERY_S)
+                attempts.report.news.clear()
+
         sweeping = loop.create_task(reaper())
+        reporting = loop.create_task(reporter())
+        if cfg.metrics:
+            say(t("worker.metrics", where=cfg.metrics))
         say(
             t(
                 "worker.ready",
@@ -641,9 +680,17 @@ def run_worker(cfg: WorkerConfig) -> int:
             await worker.run()
         finally:
             sweeping.cancel()
+            reporting.cancel()
+            try:
+                await asyncio.to_thread(rows.stopped, cfg.name)
+            except Exception:
+                log.debug("could not mark this worker stopped", exc_info=True)
+            told.close()
         return 0
 
     try:
-        return run_on_own_runtime(main)
+        return run_on_own_runtime(main, metrics=cfg.metrics or None)
+    except MetricsUnavailable as exc:
+        raise metrics_failed(cfg.metrics, exc) from None
     finally:
         sys.stdout.flush()

@@ -379,6 +379,24 @@ define(
             "the Temporal namespace (default: TEMPORAL_NAMESPACE, the profile's, or default)",
         ),
         "super.help.queue": ("要领活的任务队列", "the task queue to take attempts from"),
+        "super.help.metrics": (
+            "在 主机:端口 上提供 Prometheus 指标(尝试在跑/完成/失败、接手、还回队列、待送的写入,"
+            "加上 Temporal SDK 自己的)",
+            "serve Prometheus metrics on HOST:PORT (attempts running/finished/failed, takeovers, "
+            "hand-backs, writes waiting for the database, and the Temporal SDK's own)",
+        ),
+        "super.help.workers": (
+            "列出向运行状态报到的集群 worker:主机、pid、槽位、各自在跑什么、最后一次报到。"
+            "哪台机器都行,只要有状态地址(--state 或 FLOWER_STATE)。",
+            "List the cluster's workers as they report to the run state: host, pid, slots, what "
+            "each runs, when each last reported. From any machine with the state URL (--state "
+            "or FLOWER_STATE).",
+        ),
+        "super.help.workers_queue": ("只列这个队列的", "only this queue's workers"),
+        "super.help.workers_all": (
+            "也列出已经停了的(停了一天内)",
+            "also list workers that stopped (within the last day)",
+        ),
         "super.help.slots": ("同时跑几个尝试", "attempts at once"),
         "super.help.worker_state": (
             "运行状态的 postgresql:// 地址(默认 FLOWER_STATE)",
@@ -840,6 +858,7 @@ def demo(keep: bool) -> None:
 )
 @click.option("--state", "state", metavar="URL", default=None, help=t("super.help.worker_state"))
 @click.option("--map", "maps", multiple=True, metavar="FROM=TO", help=t("super.help.map"))
+@click.option("--metrics", default="", metavar="HOST:PORT", help=t("super.help.metrics"))
 def worker(
     target: str,
     namespace: str,
@@ -847,6 +866,7 @@ def worker(
     slots: int,
     state: str | None,
     maps: tuple[str, ...],
+    metrics: str,
 ) -> None:
     """``flower-super worker``."""
     from supervisor.cluster.worker import WorkerConfig, parse_map, run_worker
@@ -854,11 +874,44 @@ def worker(
     warn_if_password_in_argv(state)
     try:
         cfg = WorkerConfig(
-            target, queue, slots, state, [parse_map(m) for m in maps], namespace=namespace
+            target,
+            queue,
+            slots,
+            state,
+            [parse_map(m) for m in maps],
+            namespace=namespace,
+            metrics=metrics,
         )
         sys.exit(run_worker(cfg))
     except FlowerError as exc:
         _fail(exc)
+
+
+@main.command(help=t("super.help.workers"))
+@click.option("--queue", default=None, metavar="NAME", help=t("super.help.workers_queue"))
+@click.option("--all", "everyone", is_flag=True, help=t("super.help.workers_all"))
+@state_option
+@click.option("--json", "as_json", is_flag=True, help=t("super.help.json"))
+def workers(queue: str | None, everyone: bool, state: str | None, as_json: bool) -> None:
+    """``flower-super workers``: exit 0, or 1 when no worker (of ``--queue``) is alive."""
+    from supervisor.inspect.workers import collect, render_text
+
+    warn_if_password_in_argv(state)
+    try:
+        with looking(Path("runs"), Path("."), state) as seen:
+            views = collect(seen.state, queue, everyone)
+            where = seen.state.where
+    except FlowerError as exc:
+        _fail(exc, as_json=as_json)
+    if as_json:
+        import json
+
+        click.echo(json.dumps([v.to_json() for v in views], ensure_ascii=False, indent=2))
+    else:
+        click.echo(render_text(views, where, queue))
+        if not views:
+            click.echo(t("cli.hint", hint=t("workers.none.hint")), err=True)
+    sys.exit(0 if any(v.state == "alive" for v in views) else 1)
 
 
 @main.group(help=t("super.help.cluster"))

@@ -290,7 +290,7 @@ def _flower_lines(f: FlowerView) -> list[str]:
         session=r.session_id or "-",
         attempt=r.attempt,
         woke=r.woke,
-        elapsed=_dur(elapsed(r, f.alive)),
+        elapsed=dur(elapsed(r, f.alive)),
     )
     out = [head, detail]
     for label, where in r.placed.items():  # attempts on cluster workers, where each runs
@@ -351,7 +351,7 @@ def _row_line(row: dict[str, Any]) -> str:
     )
 
 
-def _dur(seconds: float) -> str:
+def dur(seconds: float) -> str:
     s = int(seconds)
     if s < 60:
         return f"{s}s"

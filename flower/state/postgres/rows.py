@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +41,7 @@ __all__ = [
     "PostgresLineageRows",
     "PostgresManifestRows",
     "PostgresRegistryRows",
+    "PostgresWorkerRows",
 ]
 
 
@@ -339,6 +341,7 @@ class PostgresEventRows:
     def __init__(self, db: Database) -> None:
         self._db = db
         self.channel = f"{db.sql.schema}_events"  # the schema name is an identifier already
+        self._listening: object | None = None  # the connection that LISTENs for changed()
 
     def append(self, run: str, event: dict[str, Any]) -> None:
         """Kept through an outage (:mod:`.kept`): never raises for a database that is down."""
@@ -368,19 +371,96 @@ class PostgresEventRows:
             except psycopg.Error as exc:
                 raise self._db.unavailable(exc) from None
 
-    def wait_any(self, timeout: float) -> bool:
-        """Until any run gets an event (True) or ``timeout`` passes. The listening
-        connection keeps listening between calls, so an event that came in between is
-        seen at once by the next call, never missed."""
+    def changed(self, timeout: float) -> set[str] | None:
+        """The runs that got an event since the last call (the notifications' payloads),
+        waiting up to ``timeout`` for one. The listening connection keeps listening between
+        calls (psycopg keeps what arrives in between), so none is missed; on a connection
+        that has just started listening (the first call, or after the database was away)
+        nobody can say what came before: None."""
         lock, conn = self._db.listener()
         with lock:
             try:
-                conn.execute(f"LISTEN {self.channel}")
-                for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-                    return True
-                return False
+                if conn is not self._listening:
+                    conn.execute(f"LISTEN {self.channel}")
+                    self._listening = conn
+                    return None
+                runs = {n.payload for n in conn.notifies(timeout=0.0)}
+                if not runs:
+                    runs = {
+                        n.payload for n in conn.notifies(timeout=max(0.0, timeout), stop_after=1)
+                    }
+                    runs.update(n.payload for n in conn.notifies(timeout=0.0))
+                return runs
             except psycopg.Error as exc:
+                self._listening = None
                 raise self._db.unavailable(exc) from None
+
+
+class PostgresWorkerRows:
+    """A cluster's workers, one row each as it last said it was: its queue, host, start, a
+    heartbeat in the database's clock (so silence can be judged from any machine), and when
+    it stopped. Not kept through an outage: a worker's next report replaces this one."""
+
+    #: A stopped (or silent) worker's row is forgotten this long after its last word.
+    KEEP_STOPPED_S = 24 * 3600.0
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def report(self, name: str, queue: str, started_at: float, record: dict[str, Any]) -> None:
+        """Insert or replace ``name``'s row, its heartbeat now (raises while the database
+        cannot be reached)."""
+        sql = self._db.sql(
+            "INSERT INTO {s}.workers (name, queue, host, started_at, heartbeat_at, record)"
+            f" VALUES (%s, %s, %s, %s, {NOW}, %s) ON CONFLICT (name) DO UPDATE SET"
+            " queue = EXCLUDED.queue, host = EXCLUDED.host, started_at = EXCLUDED.started_at,"
+            " heartbeat_at = EXCLUDED.heartbeat_at, stopped_at = NULL, record = EXCLUDED.record"
+        )
+        args = (name, queue, socket.gethostname(), started_at, Json(record))
+        self._db.run(lambda conn: conn.execute(sql, args))
+
+    def stopped(self, name: str) -> None:
+        """``name`` has stopped; rows of workers that stopped (or went silent) a day ago go."""
+        mark = self._db.sql(f"UPDATE {{s}}.workers SET stopped_at = {NOW} WHERE name = %s")
+        old = self._db.sql(
+            f"DELETE FROM {{s}}.workers WHERE coalesce(stopped_at, heartbeat_at) < {NOW} - %s"
+        )
+
+        def work(conn: Conn) -> None:
+            conn.execute(mark, (name,))
+            conn.execute(old, (self.KEEP_STOPPED_S,))
+
+        self._db.run(work)
+
+    def rows(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """Every worker's row (of ``queue``'s only, when given), by queue and name; each
+        its record with ``name``, ``queue``, ``host``, ``started_at``, ``heartbeat_at``,
+        ``stopped_at`` (None while it runs) and ``now`` (the database's clock)."""
+        where, params = (" WHERE queue = %s", (queue,)) if queue else ("", ())
+        sql = (
+            "SELECT name, queue, host, started_at, heartbeat_at, stopped_at, record,"
+            f" {NOW} FROM {{s}}.workers{where} ORDER BY queue, name"
+        )
+        keys = ("name", "queue", "host", "started_at", "heartbeat_at", "stopped_at")
+        # (the record's own keys come first: the columns win)
+        return [
+            {**(row[6] or {}), **dict(zip(keys, row[:6], strict=True)), "now": row[7]}
+            for row in _fetch(self._db, sql, params)
+        ]
+
+    def kept(self) -> tuple[int, int]:
+        """This machine's writes waiting for the database (:mod:`.spool`): how many
+        processes kept some, and their bytes."""
+        from .spool import SUFFIX, spool_dir
+
+        files = size = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(spool_dir(self._db.url.database_key)):
+                if entry.name.endswith(SUFFIX):
+                    with contextlib.suppress(OSError):
+                        size += entry.stat().st_size
+                        files += 1
+        return files, size
 
 
 def _of_workspace(workspace_id: str | None) -> tuple[str, tuple[str, ...]]:

@@ -151,6 +151,19 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX events_by_run ON {s}.events (run, pos)
     """,
+    # 3: a cluster's workers, each as it last said it was (``flower-super workers``)
+    """
+    CREATE TABLE {s}.workers (
+        name         text PRIMARY KEY,
+        queue        text NOT NULL,
+        host         text NOT NULL,
+        started_at   double precision NOT NULL,
+        heartbeat_at double precision NOT NULL,
+        stopped_at   double precision,
+        record       json NOT NULL
+    );
+    CREATE INDEX workers_by_queue ON {s}.workers (queue, name)
+    """,
 ]
 CURRENT = len(MIGRATIONS)
 

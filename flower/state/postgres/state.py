@@ -14,6 +14,7 @@ from .rows import (
     PostgresLineageRows,
     PostgresManifestRows,
     PostgresRegistryRows,
+    PostgresWorkerRows,
 )
 from .url import StateURL, parse_state_url
 
@@ -54,6 +55,7 @@ class PostgresState:
         self._registry = PostgresRegistryRows(self._db)
         self._cache = PostgresCacheRows(self._db, f"{self.where} (cache)")
         self._events = PostgresEventRows(self._db)
+        self._workers = PostgresWorkerRows(self._db)
 
     def __repr__(self) -> str:
         return f"PostgresState({self.where!r})"
@@ -94,6 +96,10 @@ class PostgresState:
     @property
     def events(self) -> PostgresEventRows:
         return self._events
+
+    @property
+    def workers(self) -> PostgresWorkerRows:
+        return self._workers
 
     def settle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the database to take what this process and dead
