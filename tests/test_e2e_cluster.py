@@ -1453,3 +1453,59 @@ def test_workers_lists_each_worker_and_what_it_runs_and_metrics_count_it(
     code, out = workers_listed(c, "--all", "--json", "--queue", c.queue)
     states = {int(r["pid"]): r["state"] for r in json.loads(out)}
     assert states == {victim.proc.pid: "silent", other.proc.pid: "stopped"}, out
+
+
+# ---------------------------------------------------------------------------------------
+# warm workers: the next attempt's child is ready before it is placed
+# ---------------------------------------------------------------------------------------
+
+XYZ = "tests.flows.cluster:xyz"
+
+
+def placed_events(c: Cluster) -> dict[str, list[dict[str, Any]]]:
+    """Each step's ``placed`` events (its worker's frames, as the supervisor logged them)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (event,) in c.db.query("SELECT event FROM flower.events ORDER BY pos"):
+        if isinstance(event, dict) and event.get("kind") == "placed":
+            out.setdefault(str(event.get("step")), []).append(dict(event.get("payload") or {}))
+    return out
+
+
+def test_a_worker_gets_the_next_step_ready_while_one_runs_and_drops_it_when_not_needed(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    y_turns = [{"text": "Y done.", "delay": 8, "times": 1}, {"text": "Y done."}]
+    script = {
+        "conversations": [
+            {"name": "X", "match": {"marker": "[[X]]"}, "turns": [{"text": "X done."}]},
+            {"name": "Y", "match": {"marker": "[[Y]]"}, "turns": y_turns},
+            {"name": "Z", "match": {"marker": "[[Z]]"}, "turns": [{"text": "Z done."}]},
+        ]
+    }
+    c = cluster(script)
+    server = c.f.server
+    w = c.worker("W1")
+    sup = c.start(XYZ)
+    waiting_on(server, "Y", 0)
+
+    def clis() -> int:
+        return len([p for p in w.attempt_tree() if p.name() == "claude"])
+
+    # Z's child is made ready while Y runs: a second CLI under the worker, no request sent.
+    wait_until(lambda: clis() >= 2, 30, "Z's CLI started ahead, beside Y's")
+    assert not [r for r in asked(server) if r.conversation == "Z"]
+    # The supervisor is killed: Y goes on on its worker (the next start attaches to it),
+    # and what the worker got ready for the killed supervisor does not outlive it there.
+    assert kill(sup) == -signal.SIGKILL
+    wait_until(lambda: clis() == 1, 20, "Z's CLI, got ready for a supervisor now gone, to go")
+    assert w.proc.poll() is None
+    again = c.start(XYZ)
+    out = finish(c, again)
+    assert again.returncode == 0, out + c.logs_text()
+    placed = placed_events(c)
+    assert [p["warm"] for p in placed["X"]] == [False]  # nothing ran here before it
+    assert placed["Y"][0]["warm"] is True, placed["Y"]  # got ready while X ran
+    assert len([r for r in asked(server) if r.conversation == "X"]) == 1
+    assert len([r for r in asked(server) if r.conversation == "Z"]) == 1
+    assert [r["ok"] for r in c.db.manifest() if r["step"] in ("Y", "Z")] == [True, True]
+    no_tree_left(w)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -117,11 +118,15 @@ define(
 
 ACTIVITY = "flower.attempt"
 T = TypeVar("T")
-#: How long a worker may go without a heartbeat before its attempt goes elsewhere (measured:
-#: the attempt starts on another worker 2.1–3.4 s after its worker was killed or frozen).
-HEARTBEAT_TIMEOUT_S = 3.0
-#: A worker heartbeats this often (a third of the timeout: two lost beats are not a death).
-HEARTBEAT_EVERY_S = 1.0
+#: How long a worker may go without a heartbeat before its attempt goes elsewhere. With the
+#: beat and the retry below, a killed or frozen worker's attempt starts on another worker
+#: about 2.5 s after its death and sends its first request about 3 s after it
+#: (scripts/bench_cluster.py, figure 3; issue 25 asks for at most 4 s).
+HEARTBEAT_TIMEOUT_S = 2.5
+#: A worker heartbeats this often (a fifth of the timeout: four lost beats are not a death).
+HEARTBEAT_EVERY_S = 0.5
+#: How soon Temporal gives an attempt whose worker is gone (or handed it back) to a worker.
+RETRY_FIRST_S = 0.2
 #: After an activity ended, how long its last frames may take to arrive.
 LAST_FRAMES_S = 3.0
 #: How long an attempt may wait for a worker, and run, in all.
@@ -132,6 +137,10 @@ ORDER_VERSION = 2  # 2: the call travels through the state database (order_key),
 # ---------------------------------------------------------------------------------------
 # what an attempt carries
 # ---------------------------------------------------------------------------------------
+
+
+#: What an order says of where its attempt comes from (a hint says it too).
+PLACED_FROM = ("run", "flow", "workspace", "workspace_id", "run_dir", "seat")
 
 
 @dataclass
@@ -205,6 +214,11 @@ def order_key(activity_id: str) -> str:
 
 def down(activity_id: str) -> str:
     return f"attempt/{activity_id}/down"
+
+
+def hints_key(worker: str) -> str:
+    """Where supervisors tell a worker which attempts to get ready (``prepare``)."""
+    return f"worker/{worker}/prepare"
 
 
 class Mailbox:
@@ -338,6 +352,32 @@ class Pump:
                 changed = None
 
 
+#: The Temporal runtimes this process made. They are never let go: a runtime collected while
+#: one of its core threads waits for the GIL (to hand a late RPC's answer to a cancelled
+#: task) hangs the process for good, the collecting thread joining that core thread while
+#: holding the GIL (seen at the end of finished runs: "Garbage-collecting", one thread with
+#: no Python frame). So the process ends through :func:`leave`.
+_RUNTIMES: list[Any] = []
+
+
+def leave(code: int) -> int:
+    """The exit status ``code`` of a command that may have placed attempts on Temporal:
+    when this process made a Temporal runtime, it ends here and now, its output flushed
+    (every write that matters is durable by then: the state's writes are synchronous or
+    fsynced to the spool), without the interpreter's finalization, which would drop the
+    runtime. Otherwise ``code`` is returned for a normal exit."""
+    if not _RUNTIMES:
+        return code
+    import os
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 # ---------------------------------------------------------------------------------------
 # choosing it (before anything runs)
 # ---------------------------------------------------------------------------------------
@@ -440,6 +480,11 @@ class TemporalPlacement:
     # id -> what stops it: its mailbox, and its watch (which takes it off the record)
     _running: dict[str, tuple[Mailbox, Watch]] = field(default_factory=dict)
     _outage: _Outage | None = None
+    # the worker that took this run's last attempt (its name): where prepare() hints go,
+    # and the one hinted last (told to drop what it prepared when the hints go elsewhere)
+    _warm_on: str | None = None
+    _hinted: str | None = None
+    _seat: Seat | None = None
 
     def __post_init__(self) -> None:
         _shared_state(self.state)
@@ -456,6 +501,7 @@ class TemporalPlacement:
             # forwarding them to a Python logger deadlocked an exit here (the runtime, being
             # collected, joined a core thread that waited for the GIL to log).
             self._runtime = Runtime(telemetry=TelemetryConfig(logging=None))
+            _RUNTIMES.append(self._runtime)  # never collected: see leave()
         outage = self.outage
         while True:
             try:
@@ -490,6 +536,7 @@ class TemporalPlacement:
 
         await self.connect()
         started = time.time()
+        self._seat = seat
         activity_id = call.attach or self._next_id(call, seat.run)
         mailbox = self._mailbox(activity_id)
         # On record before it starts: a supervisor killed from then on finds the id and
@@ -505,16 +552,7 @@ class TemporalPlacement:
             rows = self.state.mailboxes
             if not (call.attach and rows.read(order_key(activity_id), 0)):
                 rows.append(order_key(activity_id), {"call": order_call(call)})
-            order = Order(
-                id=activity_id,
-                run=seat.run,
-                flow=self.flow,
-                workspace=str(seat.workspace),
-                workspace_id=self.state.workspace_id,
-                run_dir=str(seat.tmp.parent),
-                seat={**seat_settings(seat), **self.store},
-                call={"label": call.label},
-            )
+            order = Order(id=activity_id, **self._placed_from(seat), call={"label": call.label})
             while True:  # a Temporal that went away is waited for (the id makes it once)
                 try:
                     handle = await self.outage.watch(
@@ -528,7 +566,7 @@ class TemporalPlacement:
                             id_reuse_policy=ActivityIDReusePolicy.REJECT_DUPLICATE,
                             id_conflict_policy=ActivityIDConflictPolicy.FAIL,
                             retry_policy=RetryPolicy(
-                                initial_interval=timedelta(seconds=0.5),
+                                initial_interval=timedelta(seconds=RETRY_FIRST_S),
                                 backoff_coefficient=1.0,
                                 maximum_interval=timedelta(seconds=2),
                             ),
@@ -625,6 +663,7 @@ class TemporalPlacement:
             ev = event_of(item)
             if ev.kind == "placed":
                 watch.on_placed({"id": mailbox.id, **ev.payload})
+                self._warm_on = str(ev.payload.get("worker") or "") or None
             watch.on_event(ev)
         elif isinstance(item, Ask):
             if item.channel and self.channel is not None:
@@ -638,18 +677,51 @@ class TemporalPlacement:
             task.add_done_callback(asking.discard)
         return None
 
+    def _placed_from(self, seat: Seat) -> dict[str, Any]:
+        """Where an attempt of this run comes from, as an :class:`Order` carries it."""
+        return {
+            "run": seat.run,
+            "flow": self.flow,
+            "workspace": str(seat.workspace),
+            "workspace_id": self.state.workspace_id,
+            "run_dir": str(seat.tmp.parent),
+            "seat": {**seat_settings(seat), **self.store},
+        }
+
     def prepare(self, calls: Sequence[StepCall], seat: Seat) -> None:
-        """Nothing to get ready here: a worker starts the attempt's CLI when it takes it."""
+        """Get ``calls`` ready on the worker that took this run's last attempt: a hint in
+        the state database (:func:`hints_key`), on which that worker forks their children
+        and starts their CLIs as the local fork does, so an attempt that lands there only
+        sends its prompt. A worker hinted before is told to drop what it prepared."""
+        target = self._warm_on
+        if target is None:
+            return
+        if self._hinted and self._hinted != target:
+            self._hint(self._hinted, seat, [])
+        self._hinted = target
+        self._hint(target, seat, calls)
+
+    def _hint(self, worker: str, seat: Seat, calls: Sequence[StepCall]) -> None:
+        hint = {**self._placed_from(seat), "calls": [order_call(c) for c in calls]}
+        try:  # a hint lost is an attempt started cold, nothing worse
+            self.state.mailboxes.append(hints_key(worker), {"line": json.dumps(hint)})
+        except (FlowerError, OSError) as exc:
+            log.debug("could not hint %s: %s", worker, exc)
 
     async def close(self) -> None:
+        if self._hinted and self._seat is not None:
+            self._hint(self._hinted, self._seat, [])  # what it prepared for us is not needed
+        self._hinted = None
         if self._pump is not None:
             self._pump.close()
         self._client = None
-        self._runtime = None
 
     def stop_now(self) -> None:
         """SIGTERM/SIGHUP, Ctrl-C twice: every running attempt is told to stop (its worker
         ends its process tree); synchronous, so a signal handler can."""
+        if self._hinted and self._seat is not None:  # nothing more is placed: drop it
+            self._hint(self._hinted, self._seat, [])
+            self._hinted = None
         for mailbox, watch in list(self._running.values()):
             mailbox.send(down(mailbox.id), Shutdown(reason="the supervisor stopped"))
             # Off the record: the next start of this flow must not attach to an attempt

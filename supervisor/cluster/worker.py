@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -43,16 +46,20 @@ from flower.i18n import define, t
 from flower.services.temporal_client import connect, settings
 from flower.state.backends import RunState
 from flower.state.result import Event, StepResult, jsonable
+from flower.step.attempt import handoff_at
 from flower.step.call import StepCall
+from flower.step.loop import model_key
 from flower.step.placement import Seat, Watch
 from ipc import Answer, Ask, EventMsg, Interrupt, Result, Session, Shutdown
 from supervisor.cluster.remote import (
     ACTIVITY,
     HEARTBEAT_EVERY_S,
+    PLACED_FROM,
     Mailbox,
     Order,
     Pump,
     down,
+    hints_key,
     keep_result,
     take_order,
     up,
@@ -64,6 +71,13 @@ log = logging.getLogger("flower.supervisor")
 
 #: How often a worker reaps the dead processes it adopted (see :meth:`Attempts.reap`).
 REAP_EVERY_S = 1.0
+#: Runs a worker keeps prepared children for, per slot (the most recently hinted).
+SPARE_RUNS = 2
+#: What was prepared for a run that has hinted nothing for this long is dropped (its
+#: supervisor may be gone: a prepared CLI is an idle process, not a free one).
+SPARE_TTL_S = 600.0
+#: Every this many reaper rounds, what was prepared for runs whose supervisor is gone goes.
+SPARE_CHECK_EVERY = 3
 # How long a worker waits for an attempt's order to reach the state database (written
 # there during an outage, it is delivered when the database is back) before handing the
 # attempt back to the queue.
@@ -178,7 +192,15 @@ class Attempts:
         self._pump: Pump | None = None
         self.running = 0
         self.forks: set[Forked] = set()  # every slot's placement, while its attempt runs
+        # run -> the children prepared for it (a supervisor's hints), their seat, and when
+        # it last hinted; placements whose prepared children are being dropped
+        self.spares: dict[str, tuple[Forked, Seat, float]] = {}
+        self.retiring: set[Forked] = set()
         self.report = WorkerReport(queue=cfg.queue, slots=cfg.slots, target=cfg.target)
+        # The CLI's real context window per model, as attempts here (or an earlier try of
+        # an attempt taken over) learned it: what a Runtime keeps, so that no later attempt
+        # spends 1-2 s asking the CLI again (flower.step.attempt.SdkAttempt._ask_window).
+        self.windows: dict[str, dict[str, Any]] = {}
 
     def reap(self) -> list[int]:
         """Reap the dead processes this worker adopted as subreaper (a stopped attempt's
@@ -190,7 +212,8 @@ class Attempts:
 
     def step_children(self) -> set[int]:
         """Every slot's step children (each placement reaps its own)."""
-        return {pid for forked in list(self.forks) for pid in forked.children}
+        placements = [*self.forks, *(s[0] for s in self.spares.values()), *self.retiring]
+        return {pid for forked in placements for pid in forked.children}
 
     # -- where -------------------------------------------------------------------------
 
@@ -223,6 +246,21 @@ class Attempts:
                 self.cfg.state, run_dir=run_dir, workspace=ws, create=False
             )
         return self._states[key]
+
+    def seat_for(
+        self, state: RunState, ws: Path, run_dir: Path, run: str, seat: dict[str, Any]
+    ) -> Seat:
+        """Where an attempt of ``run`` sits here (an order's or a hint's seat settings)."""
+        return Seat(
+            workspace=ws,
+            store=self.store_for(state, ws, seat),
+            portable=bool(seat.get("portable", True)),
+            logs=run_dir / "logs" / run,
+            tmp=run_dir / "tmp",
+            workbench=_workbench(self.here, seat.get("workbench"), ws),
+            spill_threshold=seat.get("spill_threshold"),
+            no_auto_compact=bool(seat.get("no_auto_compact")),
+        )
 
     def store_for(self, state: RunState, ws: Path, seat: dict[str, Any]) -> Any:
         from flower.state.stores import layered
@@ -287,10 +325,142 @@ class Attempts:
         except Exception:  # the refusal itself must still happen
             log.debug("could not tell the supervisor about a refusal", exc_info=True)
 
-    def mailbox(self, state: RunState, activity_id: str) -> Mailbox:
+    def pump(self, state: RunState) -> Pump:
+        """This worker's one mailbox reader (every attempt's, and its hints)."""
         if self._pump is None:
             self._pump = Pump(state.mailboxes)
-        return Mailbox(state.mailboxes, activity_id, self._pump)
+        return self._pump
+
+    def mailbox(self, state: RunState, activity_id: str) -> Mailbox:
+        return Mailbox(state.mailboxes, activity_id, self.pump(state))
+
+    async def follow_hints(self, state: RunState) -> None:
+        """Take the hints supervisors send this worker (:func:`hints_key`) until cancelled."""
+        queue = self.pump(state).subscribe(hints_key(self.cfg.name), 0)
+        while True:
+            for line in await queue.get():
+                try:
+                    hint = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(hint, dict):
+                    self.hinted(hint)
+
+    # -- the context window --------------------------------------------------------------
+
+    def learn(self, spec: Any, kind: str, payload: dict[str, Any]) -> None:
+        """A ``window`` event of an attempt of ``spec``: keep the window it names (what the
+        CLI itself said beats a result's, which does not say where it compacts)."""
+        if kind != "window" or int(payload.get("window") or 0) <= 0:
+            return
+        key = model_key(spec)
+        if payload.get("source") != "cli" and key in self.windows:
+            return
+        self.windows[key] = {
+            "window": int(payload["window"]),
+            "compact_at": payload.get("compact_at"),
+        }
+
+    def known(self, call: StepCall) -> tuple[StepCall, dict[str, Any] | None]:
+        """``call`` handing off by the window learned here when its own is a guess, and
+        the ``window`` event's payload that says so (None: nothing changed)."""
+        known = self.windows.get(model_key(call.spec))
+        if known is None or call.headroom is None or call.stop_at is None:
+            return call, None
+        compact_at = int(known["compact_at"]) if known.get("compact_at") else None
+        at = min(call.stop_at, handoff_at(known["window"], call.headroom, compact_at))
+        payload = {"step": call.label, **known, "at": at, "source": "cli"}
+        return call.attempting(stop_at=at, headroom=None), payload
+
+    def with_known_window(self, call: StepCall, mailbox: Mailbox, activity_id: str) -> StepCall:
+        """:meth:`known`; the supervisor hears it as the attempt's ``window`` event, as if
+        the CLI had said it."""
+        call, payload = self.known(call)
+        if payload is not None:
+            mailbox.send(
+                up(activity_id),
+                EventMsg(kind="window", step=call.label, payload=payload, text="", tool=""),
+            )
+        return call
+
+    # -- attempts got ready ahead (a supervisor's hints) -----------------------------------
+
+    def hinted(self, hint: dict[str, Any]) -> None:
+        """A supervisor's ``prepare``: fork the children of the attempts its run is likely
+        to place next and start their CLIs (as the local fork does), so one that lands
+        here only sends its prompt; no calls: drop what was prepared for that run. A hint
+        this worker cannot follow is ignored (the attempt starts cold)."""
+        run = str(hint.get("run") or "")
+        spare = self.spares.pop(run, None)
+        calls = list(hint.get("calls") or [])
+        if not calls:
+            if spare is not None:
+                spare[0].prepare([], spare[1])
+                self.retiring.add(spare[0])
+            return
+        try:
+            ws, problem = self.check_workspace(
+                Order(id="", call={}, **{k: hint[k] for k in PLACED_FROM})
+            )
+            if problem:
+                return
+            run_dir = self.here(str(hint["run_dir"]))
+            state = self.state_for(ws, run_dir)
+            self.flow_for(dict(hint["flow"]), ws, run_dir)
+            seat = self.seat_for(state, ws, run_dir, run, dict(hint["seat"]))
+            wanted = [self.known(_call_of_dict(c, from_wire(dict(c["spec"]))))[0] for c in calls]
+        except (FlowerError, KeyError, TypeError, ValueError) as exc:
+            log.debug("cannot follow a hint for run %s: %s", run, exc)
+            return
+        # a session an attempt here writes (or still flushes) is not loaded ahead
+        wanted = [c for c in wanted if not (c.resume and self.busy_with(c.resume))]
+        forked = spare[0] if spare is not None else Forked(siblings=self.step_children)
+        forked.prepare(wanted, seat)
+        self.spares[run] = (forked, seat, time.monotonic())
+        while len(self.spares) > SPARE_RUNS * self.cfg.slots:  # the least recently hinted
+            oldest = min(self.spares, key=lambda r: self.spares[r][2])
+            self.hinted({"run": oldest})
+
+    def busy_with(self, sid: str) -> bool:
+        return any(f.busy_with(sid) for f in list(self.forks))
+
+    def prepared_for(self, run: str, call: StepCall) -> Any:
+        """The child prepared here for ``call`` of ``run`` (None: start one)."""
+        spare = self.spares.get(run)
+        return spare[0].give(call) if spare is not None else None
+
+    def sweep_spares(self) -> None:
+        """Drop what was prepared for runs that hinted nothing for :data:`SPARE_TTL_S`,
+        and forget placements whose dropped children are reaped."""
+        now = time.monotonic()
+        for run in [r for r, (_, _, at) in self.spares.items() if now - at > SPARE_TTL_S]:
+            self.hinted({"run": run})
+        self.retiring = {f for f in self.retiring if f.children}
+
+    async def drop_orphaned_spares(self) -> None:
+        """Drop what was prepared for runs whose supervisor is gone (killed: it could not
+        say so), as its run record tells (its process here, its lease elsewhere)."""
+        runs = {run: seat for run, (_, seat, _) in self.spares.items()}
+        if not runs:
+            return
+
+        def gone() -> list[str]:
+            out = []
+            for run, seat in runs.items():
+                state = self.state_for(seat.workspace, seat.tmp.parent)
+                record = state.registry.get(run)
+                if record is None or not record.alive:
+                    out.append(run)
+            return out
+
+        try:
+            dead = await asyncio.to_thread(gone)
+        except Exception:  # the database is away: look again later
+            log.debug("could not look at the runs prepared for", exc_info=True)
+            return
+        for run in dead:
+            if run in self.spares:
+                self.hinted({"run": run})
 
     # -- the activity ------------------------------------------------------------------
 
@@ -326,7 +496,9 @@ class Attempts:
         ran, sid = False, None
         say(t("worker.took", label=label, run=order.run, attempt=info.attempt))
         if info.attempt > 1:  # a takeover: continue what the first try started
-            ran, sid, ended = _earlier_try(mailbox)
+            ran, sid, ended = _earlier_try(
+                mailbox, lambda kind, payload: self.learn(spec, kind, payload)
+            )
             if ended is not None:
                 # That try sent its result and died before Temporal heard it had ended:
                 # the supervisor has the result (and may be steps further). Nothing to run.
@@ -344,6 +516,12 @@ class Attempts:
                 call = call.attempting(
                     resume=sid, fork=False, resume_at=None, prompt=Resilience().resume_prompt
                 )
+        call = self.with_known_window(call, mailbox, order.id)
+        seat = self.seat_for(state, ws, run_dir, order.run, order.seat)
+        prepared = self.prepared_for(order.run, call)
+        if call.resume and not call.fork:  # written here from now on: a copy loaded is stale
+            for spare, _, _ in self.spares.values():
+                spare.stale(call.resume)
         mailbox.send(
             up(order.id),
             EventMsg(
@@ -360,27 +538,20 @@ class Attempts:
                     # an earlier try ran on a worker that is gone (with nothing stored to
                     # continue when "resumes" is empty: this try starts the step afresh)
                     "took_over": ran,
+                    # its child was forked and its CLI started while the step before ran
+                    # (a supervisor's hint): only the prompt was left to send
+                    "warm": prepared is not None,
                 },
                 text="",
                 tool="",
             ),
-        )
-        seat = Seat(
-            workspace=ws,
-            store=self.store_for(state, ws, order.seat),
-            portable=bool(order.seat.get("portable", True)),
-            logs=run_dir / "logs" / order.run,
-            tmp=run_dir / "tmp",
-            workbench=_workbench(self.here, order.seat.get("workbench"), ws),
-            spill_threshold=order.seat.get("spill_threshold"),
-            no_auto_compact=bool(order.seat.get("no_auto_compact")),
         )
         self.running += 1
         self.report.began(order.id, order.run, label, info.attempt, took_over=ran)
         interrupted: list[bool] = []
         ok = False
         try:
-            result = await self._attempt(call, seat, mailbox, order.id, interrupted)
+            result = await self._attempt(call, seat, mailbox, order.id, interrupted, prepared)
             ok = result.ok
         finally:
             self.running -= 1
@@ -407,6 +578,7 @@ class Attempts:
         mailbox: Mailbox,
         activity_id: str,
         interrupted: list[bool],
+        prepared: Any = None,
     ) -> StepResult:
         """Run ``call`` in a forked child, relaying both ways; ``interrupted`` gets an entry
         when the supervisor's interrupt reached the child."""
@@ -427,12 +599,15 @@ class Attempts:
                 answers.pop(question.id, None)
 
         forked = Forked(relay=relay, siblings=self.step_children)
+        if prepared is not None:  # its CLI started while the step before it ran
+            forked.adopt(prepared)
         self.forks.add(forked)
 
         def on_session(sid: str) -> None:
             mailbox.send(up(activity_id), Session(label=call.label, step=call.step, session_id=sid))
 
         def on_event(ev: Event) -> None:
+            self.learn(call.spec, ev.kind, ev.payload)
             mailbox.send(up(activity_id), _frame(ev))
 
         watch = Watch(
@@ -498,7 +673,10 @@ def _cancelled_by_temporal() -> bool:
 
 
 def _call_of(order: Order, spec: Any) -> StepCall:
-    c = order.call
+    return _call_of_dict(order.call, spec)
+
+
+def _call_of_dict(c: dict[str, Any], spec: Any) -> StepCall:
     return StepCall(
         spec=spec,
         prompt=str(c["prompt"]),
@@ -512,10 +690,12 @@ def _call_of(order: Order, spec: Any) -> StepCall:
     )
 
 
-def _earlier_try(mailbox: Mailbox) -> tuple[bool, str | None, dict[str, Any] | None]:
+def _earlier_try(
+    mailbox: Mailbox, learn: Callable[[str, dict[str, Any]], None]
+) -> tuple[bool, str | None, dict[str, Any] | None]:
     """What the attempt's earlier tries reported: whether a worker ran one (a ``placed``
     frame: not only handed it back), the session (its last ``session`` frame) and the
-    result, when one of them got as far as sending it."""
+    result, when one of them got as far as sending it. Their events go to ``learn``."""
     ran, sid, ended = False, None, None
     for item in mailbox.read(up(mailbox.id)):
         if isinstance(item, Session):
@@ -524,6 +704,8 @@ def _earlier_try(mailbox: Mailbox) -> tuple[bool, str | None, dict[str, Any] | N
             ended = dict(item.fields)
         elif isinstance(item, EventMsg) and item.kind == "placed":
             ran = True
+        elif isinstance(item, EventMsg):
+            learn(item.kind, dict(item.payload))
     return ran, sid, ended
 
 
@@ -637,9 +819,14 @@ def run_worker(cfg: WorkerConfig) -> int:
         async def reaper() -> None:
             # what a stopped attempt's tree leaves dies a moment after it is killed (and a
             # CLI may be reparented here whenever its step child ends): swept every second
+            beats = 0
             while True:
                 await asyncio.sleep(REAP_EVERY_S)
                 attempts.reap()
+                attempts.sweep_spares()
+                beats += 1
+                if beats % SPARE_CHECK_EVERY == 0:
+                    await attempts.drop_orphaned_spares()
 
         # this worker's row in the state (``flower-super workers``), from a state of its own
         # (the report is written from a thread: the loop never waits on the database)
@@ -664,6 +851,7 @@ def run_worker(cfg: WorkerConfig) -> int:
 
         sweeping = loop.create_task(reaper())
         reporting = loop.create_task(reporter())
+        hints = loop.create_task(attempts.follow_hints(told))
         if cfg.metrics:
             say(t("worker.metrics", where=cfg.metrics))
         say(
@@ -681,6 +869,9 @@ def run_worker(cfg: WorkerConfig) -> int:
         finally:
             sweeping.cancel()
             reporting.cancel()
+            hints.cancel()
+            for run in list(attempts.spares):  # nothing prepared outlives the worker
+                attempts.hinted({"run": run})
             try:
                 await asyncio.to_thread(rows.stopped, cfg.name)
             except Exception:

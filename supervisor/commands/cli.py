@@ -21,6 +21,7 @@ import click.types
 
 from flower import FlowerError, __version__
 from flower.i18n import define, gettext_for, t
+from supervisor.commands.leaving import ended
 from supervisor.inspect.runstate import choose, looking, open_chosen, resume_line
 from supervisor.run.secrets import warn_if_password_in_argv
 
@@ -585,7 +586,7 @@ def start(
         code = run_start(wf, args, term)
     except FlowerError as exc:
         _fail(exc)
-    sys.exit(code)
+    sys.exit(ended(code))
 
 
 def _starter_options(rounds: int, timeout_s: float, no_goal: bool) -> list[str]:
@@ -1005,4 +1006,4 @@ def _fail(exc: FlowerError, *, as_json: bool = False) -> None:
     click.echo(f"flower-super: {exc.message}", err=True)
     if exc.hint:
         click.echo(t("cli.hint", hint=exc.hint), err=True)
-    sys.exit(2)
+    sys.exit(ended(2))

@@ -448,6 +448,12 @@ def with_default_cmd(argv: list[str], parser: argparse.ArgumentParser) -> list[s
 
 
 def main(argv: list[str] | None = None) -> int:
+    from supervisor.commands.leaving import ended
+
+    return ended(_main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(with_default_cmd(args_in, parser))

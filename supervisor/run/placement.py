@@ -445,8 +445,17 @@ class Forked:
     def _writing_now(self, sid: str) -> None:
         """A running child writes ``sid`` from now on: a CLI prepared with it is stale."""
         self._writing[sid] = self._writing.get(sid, 0) + 1
+        self.stale(sid)
+
+    def stale(self, sid: str) -> None:
+        """``sid`` is being written (here or by another placement of this process): drop
+        the children prepared with it (their CLI loaded a copy that is out of date)."""
         for child in [c for c in self.prepared if c.call.resume == sid]:
             self._drop(child)
+
+    def busy_with(self, sid: str) -> bool:
+        """Does a child of this placement write ``sid``, or still flush it?"""
+        return sid in self._writing or sid in self._closing
 
     def _written(self, sid: str) -> None:
         n = self._writing.get(sid, 0) - 1
@@ -469,6 +478,20 @@ class Forked:
                 self.prepared.append(self._spawn(call, seat))
             except OSError as exc:  # preparing is an optimisation: the attempt forks later
                 log.debug("could not prepare a child for %s: %s", call.label, exc)
+
+    def give(self, call: StepCall) -> ChildHandle | None:
+        """The child prepared for ``call``, if it is alive, handed out of this placement for
+        another to :meth:`adopt` (a worker prepares apart from the attempt that runs it)."""
+        child = self._take_prepared(call)
+        if child is not None:
+            self.children.pop(child.pid, None)
+        return child
+
+    def adopt(self, child: ChildHandle) -> None:
+        """A prepared child another placement of this process :meth:`give`-s: the next
+        attempt that fits it runs there."""
+        self.children[child.pid] = child
+        self.prepared.append(child)
 
     def _preparable(self, call: StepCall) -> bool:
         """May a CLI for ``call`` be started now? Not while its session is being written or

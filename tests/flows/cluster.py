@@ -37,3 +37,15 @@ spread = Workflow(
     ],
     name="spread",
 )
+
+# X, Y, Z each in a session of its own: while one runs, a worker gets the next one ready
+# (its child forked, its CLI started), as the local fork does.
+xyz = Workflow(
+    [
+        Step("X", hands, "[[X]] one"),
+        Step("Y", hands, "[[Y]] two"),
+        Step("Z", hands, "[[Z]] three"),
+    ],
+    name="xyz",
+    continuous=False,
+)
