@@ -127,6 +127,10 @@ HEARTBEAT_TIMEOUT_S = 2.5
 HEARTBEAT_EVERY_S = 0.5
 #: How soon Temporal gives an attempt whose worker is gone (or handed it back) to a worker.
 RETRY_FIRST_S = 0.2
+#: How long an attempt that resumes a session waits for the attempt before it (which sent
+#: its result) to end, its CLI having flushed the session (a worker that died meanwhile:
+#: its retry ends it at once, seeing the result).
+CLOSING_WAIT_S = 30.0
 #: After an activity ended, how long its last frames may take to arrive.
 LAST_FRAMES_S = 3.0
 #: How long an attempt may wait for a worker, and run, in all.
@@ -485,6 +489,9 @@ class TemporalPlacement:
     _warm_on: str | None = None
     _hinted: str | None = None
     _seat: Seat | None = None
+    _expected: list[StepCall] = field(default_factory=list)  # the last prepare()'s calls
+    # session id -> the end of the attempt whose CLI may still be flushing it
+    _closing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _shared_state(self.state)
@@ -535,6 +542,12 @@ class TemporalPlacement:
         from temporalio.exceptions import ActivityAlreadyStartedError
 
         await self.connect()
+        closing = self._closing.get(call.resume or "")
+        if closing is not None:
+            # That session's CLI (an attempt that reported its result) is still exiting on
+            # its worker, flushing its last entries: resume only once they are stored.
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(closing), CLOSING_WAIT_S)
         started = time.time()
         self._seat = seat
         activity_id = call.attach or self._next_id(call, seat.run)
@@ -591,6 +604,8 @@ class TemporalPlacement:
         try:
             out = await self._follow(call, mailbox, handle, watch, started, answered)
             returned = True
+            if out.session_id:
+                self._closing_until_ended(out.session_id, handle)
             return out
         finally:
             watch.on_handle(None)
@@ -663,7 +678,8 @@ class TemporalPlacement:
             ev = event_of(item)
             if ev.kind == "placed":
                 watch.on_placed({"id": mailbox.id, **ev.payload})
-                self._warm_on = str(ev.payload.get("worker") or "") or None
+                if ev.payload.get("worker"):
+                    self._worker_known(str(ev.payload["worker"]), call.label)
             watch.on_event(ev)
         elif isinstance(item, Ask):
             if item.channel and self.channel is not None:
@@ -676,6 +692,23 @@ class TemporalPlacement:
             asking.add(task)
             task.add_done_callback(asking.discard)
         return None
+
+    def _closing_until_ended(self, sid: str, handle: Any) -> None:
+        """A worker sends an attempt's result before its CLI has exited (the flow goes on at
+        once); the activity ends once it has: until then ``sid`` counts as closing."""
+
+        async def ended() -> None:
+            with contextlib.suppress(Exception):
+                await _outcome(handle, self.outage)
+
+        task = asyncio.get_running_loop().create_task(ended())
+        self._closing[sid] = task
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._closing.get(sid) is done:
+                del self._closing[sid]
+
+        task.add_done_callback(forget)
 
     def _placed_from(self, seat: Seat) -> dict[str, Any]:
         """Where an attempt of this run comes from, as an :class:`Order` carries it."""
@@ -693,13 +726,26 @@ class TemporalPlacement:
         the state database (:func:`hints_key`), on which that worker forks their children
         and starts their CLIs as the local fork does, so an attempt that lands there only
         sends its prompt. A worker hinted before is told to drop what it prepared."""
+        # a session still being flushed is not loaded ahead (the CLI would load a stale copy)
+        self._expected = [c for c in calls if (c.resume or "") not in self._closing]
+        self._seat = seat
         target = self._warm_on
         if target is None:
             return
         if self._hinted and self._hinted != target:
             self._hint(self._hinted, seat, [])
         self._hinted = target
-        self._hint(target, seat, calls)
+        self._hint(target, seat, self._expected)
+
+    def _worker_known(self, worker: str, running: str) -> None:
+        """An attempt (of label ``running``) was taken by ``worker``: it is where the next
+        hints go. The run's first worker hears what was expected at once (but the step it
+        runs now), so the second step's child gets ready while the first runs; later the
+        hints move with prepare() only (a map's items land on many workers at once)."""
+        self._warm_on = worker
+        if self._hinted is None and self._seat is not None:
+            self._hinted = worker
+            self._hint(worker, self._seat, [c for c in self._expected if c.label != running])
 
     def _hint(self, worker: str, seat: Seat, calls: Sequence[StepCall]) -> None:
         hint = {**self._placed_from(seat), "calls": [order_call(c) for c in calls]}
@@ -712,6 +758,8 @@ class TemporalPlacement:
         if self._hinted and self._seat is not None:
             self._hint(self._hinted, self._seat, [])  # what it prepared for us is not needed
         self._hinted = None
+        for task in list(self._closing.values()):
+            task.cancel()
         if self._pump is not None:
             self._pump.close()
         self._client = None

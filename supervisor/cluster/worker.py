@@ -34,7 +34,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -551,17 +551,22 @@ class Attempts:
         interrupted: list[bool] = []
         ok = False
         try:
-            result = await self._attempt(call, seat, mailbox, order.id, interrupted, prepared)
+            result, retire = await self._attempt(
+                call, seat, mailbox, order.id, interrupted, prepared
+            )
             ok = result.ok
+            try:
+                fields = dict(jsonable(result.to_dict()))
+                try:  # the frame below is the result; this, its copy for a frame that is lost
+                    keep_result(mailbox.rows, order.id, fields)
+                except (FlowerError, OSError) as exc:
+                    log.warning("%s", t("remote.failed", why=exc))
+                mailbox.send(up(order.id), Result(fields=fields))  # the supervisor goes on
+            finally:
+                await retire()
         finally:
             self.running -= 1
             self.report.ended(order.id, ok)
-        fields = dict(jsonable(result.to_dict()))
-        try:  # the frame below is the result; this, its copy for a frame that is lost
-            keep_result(mailbox.rows, order.id, fields)
-        except (FlowerError, OSError) as exc:
-            log.warning("%s", t("remote.failed", why=exc))
-        mailbox.send(up(order.id), Result(fields=fields))
         if result.ok:
             outcome = "ok"
         elif interrupted:  # the CLI's own words for a cut turn are no news to a person
@@ -579,9 +584,12 @@ class Attempts:
         activity_id: str,
         interrupted: list[bool],
         prepared: Any = None,
-    ) -> StepResult:
+    ) -> tuple[StepResult, Callable[[], Awaitable[None]]]:
         """Run ``call`` in a forked child, relaying both ways; ``interrupted`` gets an entry
-        when the supervisor's interrupt reached the child."""
+        when the supervisor's interrupt reached the child. Returns its result as soon as the
+        child reports it, with what to await once the result is sent: the child's CLI may
+        still be exiting (flushing its session's last entries), and the attempt ends only
+        once it has, as a local fork's session counts as closing until then."""
         from temporalio import activity
 
         answers: dict[str, asyncio.Future[str | None]] = {}
@@ -636,30 +644,41 @@ class Attempts:
                 await asyncio.sleep(HEARTBEAT_EVERY_S)
 
         helpers = [asyncio.ensure_future(listen()), asyncio.ensure_future(beat())]
-        try:
-            return await work
-        except asyncio.CancelledError:
-            # Cancelled by the supervisor, told to shut down, or our lease is gone (we were
-            # frozen and Temporal gave the attempt to another worker): the child's whole
-            # tree ends now, nothing more is written or sent.
-            forked.stop_now()
-            say(t("worker.stopped", label=call.label))
-            if told_to_stop and not _cancelled_by_temporal():
-                # The supervisor stopped it (SIGTERM, SIGHUP, Ctrl-C twice): the attempt is
-                # over for good. A cancellation Temporal did not ask for would count as a
-                # failure and be retried, and each retry would read the same Shutdown again.
-                from temporalio.exceptions import ApplicationError
 
-                raise ApplicationError(
-                    told_to_stop[0] or "stopped", type="Stopped", non_retryable=True
-                ) from None
+        async def retire() -> None:
+            # (heartbeats go on meanwhile: a CLI slow to exit is not a dead worker)
+            try:
+                await forked.close()
+            finally:
+                for task in helpers:
+                    task.cancel()
+                self.forks.discard(forked)
+                self.reap()
+
+        try:
+            try:
+                result = await work
+            except asyncio.CancelledError:
+                # Cancelled by the supervisor, told to shut down, or our lease is gone (we were
+                # frozen and Temporal gave the attempt to another worker): the child's whole
+                # tree ends now, nothing more is written or sent.
+                forked.stop_now()
+                say(t("worker.stopped", label=call.label))
+                if told_to_stop and not _cancelled_by_temporal():
+                    # The supervisor stopped it (SIGTERM, SIGHUP, Ctrl-C twice): the attempt is
+                    # over for good. A cancellation Temporal did not ask for would count as a
+                    # failure and be retried, and each retry would read the same Shutdown again.
+                    from temporalio.exceptions import ApplicationError
+
+                    raise ApplicationError(
+                        told_to_stop[0] or "stopped", type="Stopped", non_retryable=True
+                    ) from None
+                raise
+        except BaseException:
+            await retire()
             raise
-        finally:
-            for task in helpers:
-                task.cancel()
-            await forked.close()
-            self.forks.discard(forked)
-            self.reap()
+
+        return result, retire
 
 
 def _cancelled_by_temporal() -> bool:
