@@ -14,6 +14,22 @@ gets 1 to ``--per-flow`` faults, each at a random moment of a run, then runs to 
 - ``SIGSTOP``: the supervisor frozen for 1-4 s, then SIGCONT;
 - ``outage`` (PostgreSQL state only): the database server down for 2-6 s, then up.
 
+``--backends cluster`` runs flows with their state in PostgreSQL and their attempts on a
+Temporal dev server's queue, served by ``--workers`` (3) ``flower-super worker`` processes
+started as a person starts them; its faults are kill -9 and SIGTERM of the supervisor, the
+outage, and:
+
+- ``kill -9 worker``: SIGKILL to the worker running the flow's attempt (an idle one when
+  none runs it); a new worker takes its place, as an operator's restart policy would;
+- ``freeze worker``: the worker and everything below it stopped for 4-7 s (longer than the
+  heartbeat timeout: its attempt moves), then continued;
+- ``temporal restart``: the Temporal server killed and started again 1-3 s later on its
+  port and database.
+
+A supervisor killed leaves its attempt running on its worker (the command again attaches
+to it), so a run's survivors are counted outside the workers until the flow's end, and
+everything of the flow's at its end.
+
 After a fault that ends the run, the command is run again as printed, until the flow
 finishes. Checked after every fault, and at each flow's end:
 
@@ -59,6 +75,7 @@ sys.path.insert(0, str(REPO))
 from flower.services.cli_env import cli_env  # noqa: E402
 from flower.services.model_server import ModelServer  # noqa: E402
 from flower.services.postgres import PgServer, postgres_server  # noqa: E402
+from flower.services.temporal import TemporalServer, temporal_server  # noqa: E402
 from flower.state.backends import open_state  # noqa: E402
 
 FLOW_SRC = """
@@ -73,6 +90,15 @@ flow = Workflow(
 """
 TOOL = "touch tool-{step}.started; sleep 0.4; echo {step} >> effects.txt"
 KINDS = ("kill -9", "kill -9 child", "SIGTERM", "SIGSTOP", "outage")
+CLUSTER_KINDS = (
+    "kill -9",
+    "SIGTERM",
+    "outage",
+    "kill -9 worker",
+    "freeze worker",
+    "temporal restart",
+)
+QUEUE = "chaos"
 ENDS_RUN = {"kill -9", "SIGTERM"}
 MOMENTS = ("startup", "model", "tool", "between")
 RUN_TIMEOUT_S = 240.0
@@ -125,7 +151,14 @@ class Flow:
     """One flow in a fresh workspace, on one backend, against the shared model server."""
 
     def __init__(
-        self, root: Path, n: int, backend: str, server: ModelServer, state: str | None, steps: int
+        self,
+        root: Path,
+        n: int,
+        backend: str,
+        server: ModelServer,
+        state: str | None,
+        steps: int,
+        placement: str | None = None,
     ) -> None:
         self.root = root / f"{backend}-{n}"
         self.ws = self.root / "ws"
@@ -139,6 +172,8 @@ class Flow:
         extra = {"CHAOS_STEPS": str(steps), "FLOWER_LANG": "en"}
         if state:
             extra["FLOWER_STATE"] = state
+        if placement:
+            extra["FLOWER_PLACEMENT"] = placement
         # The CLI's own retry default, as a person has it.
         self.env = cli_env(self.root / "home", server.url, max_retries=None, extra=extra)
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
@@ -213,13 +248,20 @@ class Flow:
         finally:
             st.close()
 
-    def survivors(self) -> list[psutil.Process]:
+    def survivors(self, spare: set[int] | None = None) -> list[psutil.Process]:
+        """Processes of this flow still running (but those in ``spare``)."""
         out = []
         root = str(self.root)
+        spare = spare or set()
         for p in psutil.process_iter(["cmdline", "cwd", "pid"]):
             with contextlib.suppress(psutil.Error):
                 text = " ".join(p.info["cmdline"] or []) + " " + (p.info["cwd"] or "")
-                if root in text and p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    root in text
+                    and p.pid != os.getpid()
+                    and p.pid not in spare
+                    and p.status() != psutil.STATUS_ZOMBIE
+                ):
                     out.append(p)
         return out
 
@@ -254,11 +296,17 @@ def wait_for(cond: Any, timeout: float) -> bool:
     return bool(cond())
 
 
-def reap(flow: Flow) -> int:
-    """Survivors of a run that ended (after 10 s), killed so the campaign goes on."""
-    if wait_for(lambda: not flow.survivors(), 10):
+def reap(flow: Flow, cluster: Cluster | None = None, *, end: bool = True) -> int:
+    """Survivors of a run that ended (after 10 s), killed so the campaign goes on. Before
+    the flow's end, what runs on a cluster's workers is theirs (a killed supervisor's attempt
+    goes on there, for the command again to attach to)."""
+
+    def spare() -> set[int]:
+        return set() if end or cluster is None else cluster.trees()
+
+    if wait_for(lambda: not flow.survivors(spare()), 10):
         return 0
-    left = flow.survivors()
+    left = flow.survivors(spare())
     for p in left:
         with contextlib.suppress(psutil.Error):
             p.kill()
@@ -266,7 +314,13 @@ def reap(flow: Flow) -> int:
 
 
 def run_flow(
-    flow: Flow, backend: str, n: int, faults: int, rng: random.Random, pg: PgServer | None
+    flow: Flow,
+    backend: str,
+    n: int,
+    faults: int,
+    rng: random.Random,
+    pg: PgServer | None,
+    cluster: Cluster | None = None,
 ) -> tuple[list[Fault], dict[str, Any]]:
     """Run one flow to its end with ``faults`` faults along the way: several in one run
     while none ends it, and the command again only after one that does (kill -9, SIGTERM).
@@ -274,7 +328,10 @@ def run_flow(
     fails after a fault it should have lived through is not forgiven by running it again."""
     made: list[Fault] = []
     checks: dict[str, Any] = {"survivors": 0, "lost": [], "exit": None, "out": ""}
-    kinds = [k for k in KINDS if k != "outage" or pg is not None]
+    if backend == "cluster":
+        kinds = list(CLUSTER_KINDS if pg is not None else CLUSTER_KINDS[:2] + CLUSTER_KINDS[3:])
+    else:
+        kinds = [k for k in KINDS if k != "outage" or pg is not None]
     left = faults
     while True:
         proc = flow.start()
@@ -301,13 +358,13 @@ def run_flow(
             left -= 1
             fault.moment = flow.moment()
             made.append(fault)
-            if inject(fault, flow, proc, rng, pg):
+            if inject(fault, flow, proc, rng, pg, cluster):
                 code, out = wait_exit(proc, 60)
                 if code is None:
                     proc.kill()
                     code, out = wait_exit(proc, 30)
                     fault.problems.append("the run did not end after the fault")
-                n_left = reap(flow)
+                n_left = reap(flow, cluster, end=False)
                 if n_left:
                     fault.problems.append(f"{n_left} processes outlived the run")
                     checks["survivors"] += n_left
@@ -315,6 +372,7 @@ def run_flow(
                     # it had finished as the signal came (its record says so): that is its
                     # end; the command again would be a new wake, not a fault's aftermath
                     checks["exit"], checks["out"] = 0, out
+                    checks["survivors"] += reap(flow, cluster)
                     return made, checks
                 # What lineage names now must be what the next run continues.
                 checks["lost"].append((fault, flow.lineage(), len(flow.server.requests)))
@@ -328,7 +386,7 @@ def run_flow(
             code, out = wait_exit(proc, 30)
             out += "\n(chaos: killed after the run timeout)"
         checks["exit"], checks["out"] = code, out
-        checks["survivors"] += reap(flow)
+        checks["survivors"] += reap(flow, cluster)
         return made, checks
 
 
@@ -338,8 +396,26 @@ def inject(
     proc: subprocess.Popen[bytes],
     rng: random.Random,
     pg: PgServer | None,
+    cluster: Cluster | None = None,
 ) -> bool:
     """Do ``fault`` to the running ``proc``; True when it ends the run."""
+    if fault.kind in ("kill -9 worker", "freeze worker", "temporal restart"):
+        assert cluster is not None
+        if fault.kind == "temporal restart":
+            cluster.temporal.down()
+            try:
+                time.sleep(rng.uniform(1, 3))
+            finally:
+                cluster.temporal.up()
+            return False
+        i, idle = cluster.running(flow.ws, rng)
+        if idle:
+            fault.moment += " (idle worker)"
+        if fault.kind == "kill -9 worker":
+            cluster.kill(i)
+        else:
+            cluster.freeze(i, rng.uniform(4, 7))
+        return False
     if fault.kind == "kill -9":
         proc.send_signal(signal.SIGKILL)
         return True
@@ -420,7 +496,8 @@ def judge(flow: Flow, checks: dict[str, Any], tally: Tally, made: list[Fault]) -
 
 def report(tally: Tally, args: argparse.Namespace, took: float) -> None:
     counts = collections.Counter((f.kind, f.moment.split(" ")[0]) for f in tally.faults)
-    kinds = [k for k in KINDS if any(f.kind == k for f in tally.faults)]
+    every = list(dict.fromkeys(KINDS + CLUSTER_KINDS))
+    kinds = [k for k in every if any(f.kind == k for f in tally.faults)]
     print(
         f"chaos: seed {args.seed}"
         + (f" ({args.jobs} jobs side by side)" if args.jobs > 1 else "")
@@ -464,6 +541,7 @@ def side_by_side(args: argparse.Namespace) -> int:
         argv = [sys.executable, __file__, "--faults", str(share), "--seed"]
         argv += [str(args.seed * 100 + i + 1), "--backends", args.backends]
         argv += ["--steps", str(args.steps), "--per-flow", str(args.per_flow)]
+        argv += ["--workers", str(args.workers)]
         argv += ["--json", str(parts / f"{i}.json")]
         if args.dsn:
             argv += ["--dsn", args.dsn]
@@ -507,6 +585,126 @@ def postgres(dsn: str | None, root: Path) -> Iterator[PgServer | None]:
         yield server
 
 
+class Cluster:
+    """A Temporal dev server and ``--workers`` workers on one queue, with the run state in
+    one database (every cluster flow a workspace of it), as a team would run them."""
+
+    def __init__(
+        self, root: Path, temporal: TemporalServer, state: str, server: ModelServer, n: int
+    ) -> None:
+        self.root, self.temporal, self.state, self.server = root, temporal, state, server
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started = 0
+        for _ in range(n):
+            self.procs.append(self._start())
+
+    @property
+    def placement(self) -> str:
+        return f"temporal://{self.temporal.target}/{QUEUE}"
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self.started += 1
+        home = self.root / f"worker-{self.started}"
+        home.mkdir(parents=True, exist_ok=True)
+        env = cli_env(home / "home", self.server.url, max_retries=None, extra={"FLOWER_LANG": "en"})
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env["FLOWER_STATE"] = self.state
+        argv = ["flower-super", "worker", "--temporal", self.temporal.target, "--queue", QUEUE]
+        with open(home / "worker.log", "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=home,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        ready = wait_for(
+            lambda: b"-- worker " in (home / "worker.log").read_bytes() or proc.poll() is not None,
+            60,
+        )
+        if not ready or proc.poll() is not None:
+            raise SystemExit(f"a worker did not start: {(home / 'worker.log').read_text()[-2000:]}")
+        return proc
+
+    def trees(self) -> set[int]:
+        """Every process below a worker (and the workers)."""
+        out: set[int] = set()
+        for proc in self.procs:
+            with contextlib.suppress(psutil.Error):
+                out.add(proc.pid)
+                out |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        return out
+
+    def running(self, ws: Path, rng: random.Random) -> tuple[int, bool]:
+        """The worker running an attempt of the workspace ``ws`` (by its CLI's directory),
+        else a random one: (its index, whether it is idle for this flow)."""
+        for i, proc in enumerate(self.procs):
+            with contextlib.suppress(psutil.Error):
+                for c in psutil.Process(proc.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        if c.cwd() == str(ws):
+                            return i, False
+        return rng.randrange(len(self.procs)), True
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        proc.kill()
+        proc.wait()
+        self.procs[i] = self._start()
+
+    def freeze(self, i: int, seconds: float) -> None:
+        try:
+            tree = [psutil.Process(self.procs[i].pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.Error:
+            return
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.suspend()
+        time.sleep(seconds)
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextlib.contextmanager
+def cluster_of(
+    backends: list[str],
+    root: Path,
+    pg: PgServer | None,
+    dsn: str | None,
+    server: ModelServer,
+    workers: int,
+) -> Iterator[Cluster | None]:
+    if "cluster" not in backends:
+        yield None
+        return
+    name = "chaos_cluster"
+    if pg is not None:
+        state = pg.create_database(name)
+    else:
+        import psycopg
+
+        assert dsn is not None
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        state = dsn.rsplit("/", 1)[0] + f"/{name}"
+    with temporal_server(root / "temporal") as temporal:
+        made = Cluster(root / "cluster", temporal, state, server, workers)
+        try:
+            yield made
+        finally:
+            made.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--faults", type=int, default=40, help="faults in all (default 40)")
@@ -514,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="local,postgres")
     ap.add_argument("--steps", type=int, default=3, help="steps per flow (default 3)")
     ap.add_argument("--per-flow", type=int, default=3, help="most faults in one flow")
+    ap.add_argument("--workers", type=int, default=3, help="a cluster's workers (default 3)")
     ap.add_argument("--dsn", help="a PostgreSQL superuser URL (default: a server of its own)")
     ap.add_argument("--json", help="write every fault and its outcome here")
     ap.add_argument("--progress", action="store_true", help="one line on stderr per flow")
@@ -533,7 +732,11 @@ def main(argv: list[str] | None = None) -> int:
     tally = Tally()
     began = time.monotonic()
     try:
-        with ModelServer(script(args.steps)) as server, postgres(args.dsn, root) as pg:
+        with (
+            ModelServer(script(args.steps)) as server,
+            postgres(args.dsn, root) as pg,
+            cluster_of(backends, root, pg, args.dsn, server, args.workers) as cluster,
+        ):
             n = 0
             while len(tally.faults) < args.faults:
                 backend = backends[n % len(backends)]
@@ -548,10 +751,14 @@ def main(argv: list[str] | None = None) -> int:
                         with psycopg.connect(args.dsn, autocommit=True) as conn:
                             conn.execute(f"CREATE DATABASE {name}")
                         state = args.dsn.rsplit("/", 1)[0] + f"/{name}"
-                flow = Flow(root, n, backend, server, state, args.steps)
+                placement = None
+                if backend == "cluster":
+                    assert cluster is not None
+                    state, placement = cluster.state, cluster.placement
+                flow = Flow(root, n, backend, server, state, args.steps, placement)
                 faults = min(rng.randint(1, args.per_flow), args.faults - len(tally.faults))
                 try:
-                    made, checks = run_flow(flow, backend, n, faults, rng, pg)
+                    made, checks = run_flow(flow, backend, n, faults, rng, pg, cluster)
                 finally:  # stopped (Ctrl-C, SIGTERM) or not: the flow's processes go
                     if flow.proc is not None and flow.proc.poll() is None:
                         flow.proc.kill()

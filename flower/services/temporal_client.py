@@ -128,6 +128,8 @@ T = TypeVar("T")
 DEFAULT_NAMESPACE = "default"
 #: One connect and one namespace lookup, at the front door.
 CHECK_TIMEOUT_S = 10.0
+#: How much longer the check waits on an address where something listens (see check()).
+SLOW_CHECK_S = 50.0
 
 
 # ---------------------------------------------------------------------------------------
@@ -323,18 +325,37 @@ async def connect(found: Settings, runtime: Runtime, *, check: bool = True) -> C
 
 def check(found: Settings, timeout: float = CHECK_TIMEOUT_S) -> None:
     """Reach Temporal and find the namespace now (synchronous: the front door's check, on a
-    runtime of its own that is gone when this returns)."""
+    runtime of its own that is gone when this returns). An address that takes no answer in
+    ``timeout`` s is unreachable, unless something listens there: a server that is only slow
+    (a loaded machine, many flows starting at once) is given :data:`SLOW_CHECK_S` more."""
 
     async def probe(runtime: Runtime) -> None:
-        try:
-            await asyncio.wait_for(connect(found, runtime), timeout)
-        except TimeoutError:
+        asking = asyncio.ensure_future(connect(found, runtime))
+        done, _ = await asyncio.wait({asking}, timeout=timeout)
+        if not done and unreachable(found.target) is None:
+            done, _ = await asyncio.wait({asking}, timeout=SLOW_CHECK_S)
+        if not done:
+            asking.cancel()
+            waited = timeout + (SLOW_CHECK_S if unreachable(found.target) is None else 0.0)
             raise TemporalUnreachable(
-                t("remote.unreachable", target=found.target, error=f"no answer in {timeout:g} s"),
+                t("remote.unreachable", target=found.target, error=f"no answer in {waited:g} s"),
                 hint=t("remote.unreachable.hint"),
-            ) from None
+            )
+        asking.result()
 
     run_on_own_runtime(probe)
+
+
+def unreachable(target: str) -> str | None:
+    """Why ``host:port`` takes no TCP connection now (None: it does)."""
+    import socket
+
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return None
+    except (OSError, ValueError) as exc:
+        return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
 
 
 class TemporalUnreachable(FlowerError):

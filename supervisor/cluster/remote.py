@@ -57,6 +57,7 @@ from flower.services.temporal_client import (
     check,
     connect,
     settings_for,
+    unreachable,
 )
 from flower.state.backends import RunState
 from flower.state.result import StepResult
@@ -484,9 +485,9 @@ class TemporalPlacement:
     # id -> what stops it: its mailbox, and its watch (which takes it off the record)
     _running: dict[str, tuple[Mailbox, Watch]] = field(default_factory=dict)
     _outage: _Outage | None = None
-    # the worker that took this run's last attempt (its name): where prepare() hints go,
-    # and the one hinted last (told to drop what it prepared when the hints go elsewhere)
-    _warm_on: str | None = None
+    # the workers that took this run's last two attempts (names): where prepare() hints
+    # go, and the one hinted last (told to drop what it prepared when the hints go elsewhere)
+    _landed: list[str] = field(default_factory=list)
     _hinted: str | None = None
     _seat: Seat | None = None
     _expected: list[StepCall] = field(default_factory=list)  # the last prepare()'s calls
@@ -722,30 +723,34 @@ class TemporalPlacement:
         }
 
     def prepare(self, calls: Sequence[StepCall], seat: Seat) -> None:
-        """Get ``calls`` ready on the worker that took this run's last attempt: a hint in
-        the state database (:func:`hints_key`), on which that worker forks their children
-        and starts their CLIs as the local fork does, so an attempt that lands there only
-        sends its prompt. A worker hinted before is told to drop what it prepared."""
+        """Get ``calls`` ready where this run's attempts keep landing: a hint in the state
+        database (:func:`hints_key`) to the worker that took its last two attempts, which
+        forks their children and starts their CLIs as the local fork does, so an attempt
+        that lands there only sends its prompt. Temporal gives an attempt to any worker of
+        the queue: a run whose attempts move from worker to worker (several idle ones take
+        turns) hints nobody, since what is got ready would mostly start a CLI for nothing.
+        A worker hinted before is told to drop what it prepared."""
         # a session still being flushed is not loaded ahead (the CLI would load a stale copy)
         self._expected = [c for c in calls if (c.resume or "") not in self._closing]
         self._seat = seat
-        target = self._warm_on
-        if target is None:
-            return
-        if self._hinted and self._hinted != target:
-            self._hint(self._hinted, seat, [])
-        self._hinted = target
-        self._hint(target, seat, self._expected)
+        self._hint_where_warm(self._expected)
 
     def _worker_known(self, worker: str, running: str) -> None:
-        """An attempt (of label ``running``) was taken by ``worker``: it is where the next
-        hints go. The run's first worker hears what was expected at once (but the step it
-        runs now), so the second step's child gets ready while the first runs; later the
-        hints move with prepare() only (a map's items land on many workers at once)."""
-        self._warm_on = worker
-        if self._hinted is None and self._seat is not None:
-            self._hinted = worker
-            self._hint(worker, self._seat, [c for c in self._expected if c.label != running])
+        """An attempt (of label ``running``) was taken by ``worker``. Once two in a row
+        landed there, it hears what is expected next at once (but the step it runs now),
+        so that step's child gets ready while this one runs."""
+        self._landed = [*self._landed[-1:], worker]
+        if self._hinted != worker and self._seat is not None:
+            self._hint_where_warm([c for c in self._expected if c.label != running])
+
+    def _hint_where_warm(self, calls: Sequence[StepCall]) -> None:
+        stable = len(self._landed) == 2 and self._landed[0] == self._landed[1]
+        target = self._landed[-1] if stable else None
+        if self._hinted and self._hinted != target and self._seat is not None:
+            self._hint(self._hinted, self._seat, [])
+        self._hinted = target
+        if target is not None and self._seat is not None:
+            self._hint(target, self._seat, calls)
 
     def _hint(self, worker: str, seat: Seat, calls: Sequence[StepCall]) -> None:
         hint = {**self._placed_from(seat), "calls": [order_call(c) for c in calls]}
@@ -828,7 +833,7 @@ class _Outage:
                     out = task.result()
                     self.over()
                     return out
-                why = await asyncio.to_thread(_unreachable, self.where)
+                why = await asyncio.to_thread(unreachable, self.where)
                 if why is not None and self.tries == 0:
                     log.warning("%s", t("remote.temporal_down", where=self.where, why=why))
                     self.tries = 1
@@ -852,18 +857,6 @@ class _Outage:
 
     def over(self) -> None:
         self.tries = 0
-
-
-def _unreachable(target: str) -> str | None:
-    """Why ``host:port`` takes no TCP connection now (None: it does)."""
-    import socket
-
-    host, _, port = target.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-            return None
-    except (OSError, ValueError) as exc:
-        return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
 
 
 def _short(exc: BaseException) -> str:

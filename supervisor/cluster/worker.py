@@ -73,6 +73,8 @@ log = logging.getLogger("flower.supervisor")
 REAP_EVERY_S = 1.0
 #: Runs a worker keeps prepared children for, per slot (the most recently hinted).
 SPARE_RUNS = 2
+#: Runs that hinted within this many seconds count as wanting this worker (see hinted()).
+CONTENDED_S = 30.0
 #: What was prepared for a run that has hinted nothing for this long is dropped (its
 #: supervisor may be gone: a prepared CLI is an idle process, not a free one).
 SPARE_TTL_S = 600.0
@@ -195,6 +197,7 @@ class Attempts:
         # run -> the children prepared for it (a supervisor's hints), their seat, and when
         # it last hinted; placements whose prepared children are being dropped
         self.spares: dict[str, tuple[Forked, Seat, float]] = {}
+        self.hinting: dict[str, float] = {}  # run -> when it last hinted (and still wants)
         self.retiring: set[Forked] = set()
         self.report = WorkerReport(queue=cfg.queue, slots=cfg.slots, target=cfg.target)
         # The CLI's real context window per model, as attempts here (or an earlier try of
@@ -391,13 +394,25 @@ class Attempts:
         here only sends its prompt; no calls: drop what was prepared for that run. A hint
         this worker cannot follow is ignored (the attempt starts cold)."""
         run = str(hint.get("run") or "")
-        spare = self.spares.pop(run, None)
         calls = list(hint.get("calls") or [])
-        if not calls:
-            if spare is not None:
-                spare[0].prepare([], spare[1])
-                self.retiring.add(spare[0])
+        now = time.monotonic()
+        if calls:
+            self.hinting[run] = now
+        else:
+            self.hinting.pop(run, None)
+        for r in [r for r, at in self.hinting.items() if now - at > CONTENDED_S]:
+            del self.hinting[r]
+        if calls and len(self.hinting) > SPARE_RUNS * self.cfg.slots:
+            # More runs want this worker than it has slots for: their next attempts queue
+            # and land on whichever worker frees first, so what is got ready here would
+            # mostly start a CLI for nothing. Nothing is prepared until fewer runs hint.
+            for other in list(self.spares):
+                self.drop_spare(other)
             return
+        if not calls:
+            self.drop_spare(run)
+            return
+        spare = self.spares.pop(run, None)
         try:
             ws, problem = self.check_workspace(
                 Order(id="", call={}, **{k: hint[k] for k in PLACED_FROM})
@@ -419,7 +434,14 @@ class Attempts:
         self.spares[run] = (forked, seat, time.monotonic())
         while len(self.spares) > SPARE_RUNS * self.cfg.slots:  # the least recently hinted
             oldest = min(self.spares, key=lambda r: self.spares[r][2])
-            self.hinted({"run": oldest})
+            self.drop_spare(oldest)
+
+    def drop_spare(self, run: str) -> None:
+        """Drop what was prepared for ``run`` (its children exit without a request)."""
+        spare = self.spares.pop(run, None)
+        if spare is not None:
+            spare[0].prepare([], spare[1])
+            self.retiring.add(spare[0])
 
     def busy_with(self, sid: str) -> bool:
         return any(f.busy_with(sid) for f in list(self.forks))
@@ -434,7 +456,7 @@ class Attempts:
         and forget placements whose dropped children are reaped."""
         now = time.monotonic()
         for run in [r for r, (_, _, at) in self.spares.items() if now - at > SPARE_TTL_S]:
-            self.hinted({"run": run})
+            self.drop_spare(run)
         self.retiring = {f for f in self.retiring if f.children}
 
     async def drop_orphaned_spares(self) -> None:
@@ -459,8 +481,8 @@ class Attempts:
             log.debug("could not look at the runs prepared for", exc_info=True)
             return
         for run in dead:
-            if run in self.spares:
-                self.hinted({"run": run})
+            self.hinting.pop(run, None)
+            self.drop_spare(run)
 
     # -- the activity ------------------------------------------------------------------
 
