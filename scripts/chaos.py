@@ -79,11 +79,10 @@ from flower.services.temporal import TemporalServer, temporal_server  # noqa: E4
 from flower.state.backends import open_state  # noqa: E402
 
 FLOW_SRC = """
-import os
 from flower.agents.agent import AgentSpec
 from flower.workflow import Step, Workflow
 hands = AgentSpec(name="chaos", instructions="do the step", allowed_tools=["Bash"])
-N = int(os.environ["CHAOS_STEPS"])
+N = {steps}  # in the file: a cluster's worker imports it in an environment of its own
 flow = Workflow(
     [Step(f"s{i}", hands, f"[[s{i}]] step {i}") for i in range(N)], name="chaos"
 )
@@ -168,8 +167,8 @@ class Flow:
         self.state = state
         self.steps = [f"s{i}" for i in range(steps)]
         self.flow_file = self.root / "chaos_flow.py"
-        self.flow_file.write_text(FLOW_SRC, encoding="utf-8")
-        extra = {"CHAOS_STEPS": str(steps), "FLOWER_LANG": "en"}
+        self.flow_file.write_text(FLOW_SRC.replace("{steps}", str(steps)), encoding="utf-8")
+        extra = {"FLOWER_LANG": "en"}
         if state:
             extra["FLOWER_STATE"] = state
         if placement:
