@@ -107,7 +107,7 @@ def test_a_run_that_fails_by_itself_is_the_flow_s_verdict_not_run_again(tmp_path
             started.append(proc)
             return proc
 
-        def survivors(self) -> list[Any]:
+        def survivors(self, spare: set[int] | None = None) -> list[Any]:
             return []
 
         def mine_now(self) -> list[Any]:

@@ -547,7 +547,8 @@ class TemporalPlacement:
         if closing is not None:
             # That session's CLI (an attempt that reported its result) is still exiting on
             # its worker, flushing its last entries: resume only once they are stored.
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            # (A cancellation of this attempt meanwhile goes through.)
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(closing), CLOSING_WAIT_S)
         started = time.time()
         self._seat = seat
