@@ -51,7 +51,7 @@ class Running:
 class WorkerReport:
     """The counts of one worker process, and the attempts it runs now."""
 
-    def __init__(self, *, queue: str, slots: int, target: str, meter: Any = None) -> None:
+    def __init__(self, queue: str, slots: int, target: str, meter: Any = None) -> None:
         self.queue, self.slots, self.target = queue, slots, target
         self.pid = os.getpid()
         self.started_at = time.time()

@@ -185,7 +185,7 @@ class Attempts:
     """What one worker process keeps between attempts: the flows it loaded, the run states
     of the workspaces it served, and the mailbox reader."""
 
-    def __init__(self, cfg: WorkerConfig) -> None:
+    def __init__(self, cfg: WorkerConfig, report: WorkerReport) -> None:
         self.cfg = cfg
         self._states: dict[tuple[str, str], RunState] = {}
         self._stores: dict[tuple[str, str, bool, int], Any] = {}
@@ -199,7 +199,7 @@ class Attempts:
         self.spares: dict[str, tuple[Forked, Seat, float]] = {}
         self.hinting: dict[str, float] = {}  # run -> when it last hinted (and still wants)
         self.retiring: set[Forked] = set()
-        self.report = WorkerReport(queue=cfg.queue, slots=cfg.slots, target=cfg.target)
+        self.report = report  # what this worker says of itself (its row, its metrics)
         # The CLI's real context window per model, as attempts here (or an earlier try of
         # an attempt taken over) learned it: what a Runtime keeps, so that no later attempt
         # spends 1-2 s asking the CLI again (flower.step.attempt.SdkAttempt._ask_window).
@@ -818,13 +818,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         from temporalio.worker import Worker
 
         client = await connect(found, runtime)
-        attempts = Attempts(cfg)
-        attempts.report = WorkerReport(
-            queue=cfg.queue,
-            slots=cfg.slots,
-            target=found.describe(),
-            meter=runtime.metric_meter if cfg.metrics else None,
-        )
+        meter = runtime.metric_meter if cfg.metrics else None
+        attempts = Attempts(cfg, WorkerReport(cfg.queue, cfg.slots, found.describe(), meter))
 
         from temporalio import activity
 
