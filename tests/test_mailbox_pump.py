@@ -9,6 +9,7 @@ frame of the ones it follows, in order.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,20 @@ class Counting:
     def __init__(self, rows: Any) -> None:
         self.rows = rows
         self.reads: dict[str, int] = {}
+        self.wakes = 0
 
     def read(self, key: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
         self.reads[key] = self.reads.get(key, 0) + 1
         got: list[tuple[int, dict[str, Any]]] = self.rows.read(key, after)
         return got
 
-    def changed(self, timeout: float) -> set[str] | None:
-        got: set[str] | None = self.rows.changed(timeout)
+    def changed(self, timeout: float, runs: AbstractSet[str]) -> set[str] | None:
+        self.wakes += 1
+        got: set[str] | None = self.rows.changed(timeout, runs)
         return got
+
+    def nudge(self) -> None:
+        self.rows.nudge()
 
 
 def test_the_pump_reads_only_the_mailboxes_that_changed(pg_dsn: str, tmp_path: Path) -> None:
@@ -67,3 +73,44 @@ def test_the_pump_reads_only_the_mailboxes_that_changed(pg_dsn: str, tmp_path: P
     # The quiet mailbox is read when it is subscribed, when its own frame comes, and at
     # the pump's sweeps: never once per event of the busy one.
     assert rows.reads["box/quiet"] <= 4, rows.reads
+
+
+def test_another_attempts_frames_do_not_wake_the_pump(pg_dsn: str, tmp_path: Path) -> None:
+    """Fifty supervisors on one database each follow their own attempts: a frame of one
+    must wake only the pump that follows it (a wake-up costs a process CPU, fifty times a
+    frame), while a mailbox subscribed later is still listened to and delivered."""
+    import time
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    writer = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
+    reader = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
+    rows = Counting(reader.mailboxes)
+    pump = Pump(rows)
+
+    async def main() -> tuple[int, float]:
+        mine = pump.subscribe("box/mine", 0)
+        writer.mailboxes.append("box/mine", {"line": "m0"})
+        assert await asyncio.wait_for(mine.get(), 10.0) == ["m0"]
+        wakes, began = rows.wakes, time.monotonic()
+        for i in range(200):  # the other supervisors' traffic
+            writer.mailboxes.append(f"box/other-{i % 7}", {"line": f"o{i}"})
+        await asyncio.sleep(0.2)  # their notifications have come
+        took = time.monotonic() - began
+        woke = rows.wakes - wakes
+        later = pump.subscribe("box/later", 0)  # listened to from now on, and read
+        writer.mailboxes.append("box/later", {"line": "l0"})
+        assert await asyncio.wait_for(later.get(), 10.0) == ["l0"]
+        writer.mailboxes.append("box/mine", {"line": "m1"})
+        assert await asyncio.wait_for(mine.get(), 10.0) == ["m1"]
+        return woke, took
+
+    try:
+        woke, took = asyncio.run(main())
+    finally:
+        pump.close()
+        writer.close()
+        reader.close()
+    # its own half-second timeouts (and a sweep), never a wake per frame of the others
+    assert woke <= took / 0.5 + 3, (woke, took)
+    assert not any(k.startswith("box/other") for k in rows.reads), rows.reads

@@ -509,32 +509,48 @@ def test_mailboxes_are_postgresql_s_only(place: Place, state: RunState) -> None:
 
 def test_events_changed_names_the_runs_that_got_one(place: Place, state: RunState) -> None:
     """What a follower of many runs (a cluster's mailbox pump) waits on: PostgreSQL names
-    the runs whose events came since the last look, and nothing else; a run_dir's files
-    cannot say (None: look at every run)."""
+    those of the runs it follows whose events came since the last look, and nothing else
+    (another run's event does not even wake it); a run_dir's files cannot say (None: look
+    at every run). A nudge ends a wait at once either way."""
     rows = place.open().events
+    follow = {"run-a", "run-b"}
     if place.kind == "local":
-        assert rows.changed(0.05) is None
+        assert rows.changed(0.05, follow) is None
+        rows.nudge()
+        assert rows.changed(30.0, follow) is None  # at once
         return
-    assert rows.changed(0.05) is None  # just started listening: what came before is unknown
-    assert rows.changed(0.05) == set()
+    assert rows.changed(0.05, follow) is None  # just started listening: what came before?
+    assert rows.changed(0.05, follow) == set()
     state.events.append("run-a", {"kind": "x"})
     state.events.append("run-b", {"kind": "x"})
     state.events.append("run-a", {"kind": "y"})
+    state.events.append("run-c", {"kind": "x"})  # not followed
     seen: set[str] = set()
     deadline = time.monotonic() + 5.0
-    while seen != {"run-a", "run-b"} and time.monotonic() < deadline:
-        got = rows.changed(1.0)
+    while seen != follow and time.monotonic() < deadline:
+        got = rows.changed(1.0, follow)
         assert got is not None
         seen |= got
-    assert seen == {"run-a", "run-b"}
+    assert seen == follow
     # a notification of the three may still be on its way (each insert sends one): what
     # comes later names only these runs, and then nothing comes
     later: set[str] = set()
-    while (got := rows.changed(0.5)) != set():
+    while (got := rows.changed(0.5, follow)) != set():
         assert got is not None
         later |= got
-    assert later <= {"run-a", "run-b"}
-    assert rows.changed(0.05) == set()
+    assert later <= follow
+    # a run followed from now on is named at once (nobody listened for it), then as others
+    assert rows.changed(0.05, {*follow, "run-c"}) == {"run-c"}
+    assert rows.changed(0.05, {*follow, "run-c"}) == set()
+    state.events.append("run-c", {"kind": "y"})
+    assert rows.changed(5.0, {*follow, "run-c"}) == {"run-c"}
+    # one no longer followed is not named, nor does it wake the wait
+    state.events.append("run-b", {"kind": "y"})
+    assert rows.changed(0.3, {"run-a"}) == set()
+    rows.nudge()
+    began = time.monotonic()
+    assert rows.changed(30.0, {"run-a"}) == set()
+    assert time.monotonic() - began < 20.0, "the nudge did not end the wait"
 
 
 # -- scope -----------------------------------------------------------------------------------

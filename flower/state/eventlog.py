@@ -23,9 +23,11 @@ import contextlib
 import errno
 import json
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +184,7 @@ class FileEventRows:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
+        self._nudged = threading.Event()
 
     def where(self, run: str) -> str:
         return str(events_path(self.run_dir, run))
@@ -241,10 +244,15 @@ class FileEventRows:
                     return True
         return False
 
-    def changed(self, timeout: float) -> set[str] | None:
-        """A run_dir has no listeners to wake: look at every run again after ``timeout``."""
-        time.sleep(max(0.0, timeout))
+    def changed(self, timeout: float, runs: AbstractSet[str]) -> set[str] | None:
+        """A run_dir has no listeners to wake: look at every run again after ``timeout``
+        (or once :meth:`nudge` is called)."""
+        self._nudged.wait(max(0.0, timeout))
+        self._nudged.clear()
         return None
+
+    def nudge(self) -> None:
+        self._nudged.set()
 
 
 def line(ev: Event, now: float | None = None) -> bytes:

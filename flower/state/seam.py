@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -248,10 +249,18 @@ class EventRows(Protocol):
         """Until the run has an event after ``after`` (True) or ``timeout`` passes."""
         ...
 
-    def changed(self, timeout: float) -> set[str] | None:
-        """Until some run gets an event or ``timeout`` passes: the runs that got one since
-        the last call (an empty set: none came), or None when this backend cannot say which
-        (look at every run you follow). None is missed between two calls."""
+    def changed(self, timeout: float, runs: AbstractSet[str]) -> set[str] | None:
+        """Until one of ``runs`` (the runs the caller follows) gets an event, ``timeout``
+        passes or :meth:`nudge` is called: those of ``runs`` that got one since the last
+        call (an empty set: none came), a run the last call did not name counting as one
+        (nobody listened for it before); or None when this backend cannot say which (look
+        at every run you follow). None is missed between two calls, and an event of a run
+        nobody follows wakes nobody."""
+        ...
+
+    def nudge(self) -> None:
+        """End a :meth:`changed` wait now (safe from any thread): the runs followed have
+        changed."""
         ...
 
 

@@ -270,8 +270,9 @@ class Mailbox:
 
 class Pump:
     """This process's one reader of every mailbox it follows: a thread that sleeps on the
-    database's notifications and reads only the mailboxes they name (one listening
-    connection for any number of attempts; an event of another run costs no read). Every
+    database's notifications of those mailboxes and reads only the ones they name (one
+    listening connection for any number of attempts; another attempt's frames neither wake
+    it nor cost a read, however many share the database). Every
     mailbox is read again every :data:`SWEEP_S` seconds, and whenever the database cannot
     say what changed (it was away, or a run_dir's files have no notifications)."""
 
@@ -292,6 +293,7 @@ class Pump:
         with self._lock:
             self._subs.setdefault(key, []).append((queue, [after]))
             self._new.add(key)
+            self.rows.nudge()  # a wait for the others' events ends: this one is listened to
             if self._thread is None:
                 self._stop = False
                 self._thread = threading.Thread(
@@ -328,6 +330,7 @@ class Pump:
                     return
                 look = changed if changed is None else changed | self._new
                 self._new.clear()
+                keys = set(self._subs)
                 subs = [
                     (k, q, pos)
                     for k, lst in self._subs.items()
@@ -351,7 +354,7 @@ class Pump:
                 changed = None
                 continue
             try:
-                changed = self.rows.changed(0.5)
+                changed = self.rows.changed(0.5, keys)
             except Exception:  # noqa: BLE001 - the database is away: look at all, later
                 time.sleep(0.5)
                 changed = None

@@ -15,11 +15,15 @@ block, and the block for it).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import select
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -336,16 +340,26 @@ class PostgresCacheRows:
 
 
 class PostgresEventRows:
-    """Each run's event log; :meth:`wait` sleeps on LISTEN/NOTIFY, not on a poll."""
+    """Each run's event log; :meth:`wait` and :meth:`changed` sleep on LISTEN/NOTIFY, not on
+    a poll. Each run's events notify a channel of its own (:func:`channel_of`), so a
+    follower is woken by the runs it follows only: fifty supervisors sharing a database
+    are not each woken by every frame of the other forty-nine."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self.channel = f"{db.sql.schema}_events"  # the schema name is an identifier already
+        self.schema = db.sql.schema
         self._listening: object | None = None  # the connection that LISTENs for changed()
+        self._channels: dict[str, str] = {}  # its channels -> their runs
+        self._pending: set[str] = set()  # runs whose notification wait() took meanwhile
+        self._wake: tuple[int, int] | None = None  # nudge()'s pipe (read end, write end)
+        self._wake_lock = threading.Lock()
+
+    def channel_of(self, run: str) -> str:
+        return channel_of(self.schema, run)
 
     def append(self, run: str, event: dict[str, Any]) -> None:
         """Kept through an outage (:mod:`.kept`): never raises for a database that is down."""
-        args = {"run": run, "event": event, "channel": self.channel}
+        args = {"run": run, "event": event, "channel": self.channel_of(run)}
         self._db.write("events.append", 0, args, LIVE)
 
     def read(self, run: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
@@ -356,44 +370,93 @@ class PostgresEventRows:
         """Until the run has an event after ``after`` (True) or ``timeout`` passes."""
         lock, conn = self._db.listener()
         newer = self._db.sql("SELECT EXISTS (SELECT FROM {s}.events WHERE run = %s AND pos > %s)")
+        channel = self.channel_of(run)
         deadline = time.monotonic() + max(0.0, timeout)
         with lock:
             try:
-                conn.execute(f"LISTEN {self.channel}")
-                while True:
-                    if conn.execute(newer, (run, after)).fetchone() == (True,):
-                        return True
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    for _ in conn.notifies(timeout=left, stop_after=1):
-                        pass  # any run's event: look again
+                conn.execute(f'LISTEN "{channel}"')
+                try:
+                    while True:
+                        if conn.execute(newer, (run, after)).fetchone() == (True,):
+                            return True
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return False
+                        for n in conn.notifies(timeout=left, stop_after=1):
+                            self._pending.add(n.payload)  # changed() still names it
+                finally:
+                    if not (conn is self._listening and channel in self._channels):
+                        conn.execute(f'UNLISTEN "{channel}"')
             except psycopg.Error as exc:
                 raise self._db.unavailable(exc) from None
 
-    def changed(self, timeout: float) -> set[str] | None:
-        """The runs that got an event since the last call (the notifications' payloads),
-        waiting up to ``timeout`` for one. The listening connection keeps listening between
-        calls (psycopg keeps what arrives in between), so none is missed; on a connection
-        that has just started listening (the first call, or after the database was away)
-        nobody can say what came before: None."""
+    def changed(self, timeout: float, runs: AbstractSet[str]) -> set[str] | None:
+        """Those of ``runs`` that got an event since the last call (the notifications'
+        payloads), waiting up to ``timeout`` for one (or a :meth:`nudge`). The listening
+        connection keeps listening to their channels between calls (psycopg keeps what
+        arrives in between), so none is missed; a run the last call did not name is given
+        at once (its channel was not listened to). On a connection that has just started
+        listening (the first call, or after the database was away) nobody can say what came
+        before: None."""
         lock, conn = self._db.listener()
+        wanted = {self.channel_of(r): r for r in runs}
         with lock:
             try:
-                if conn is not self._listening:
-                    conn.execute(f"LISTEN {self.channel}")
-                    self._listening = conn
+                fresh = conn is not self._listening
+                if fresh:
+                    self._listening, self._channels, self._pending = conn, {}, set()
+                gone = [c for c in self._channels if c not in wanted]
+                new = [c for c in wanted if c not in self._channels]
+                if gone or new:  # one round trip (no parameters: several statements go)
+                    conn.execute(
+                        "; ".join(
+                            [f'UNLISTEN "{c}"' for c in gone] + [f'LISTEN "{c}"' for c in new]
+                        )
+                    )
+                self._channels = wanted
+                if fresh:
                     return None
-                runs = {n.payload for n in conn.notifies(timeout=0.0)}
-                if not runs:
-                    runs = {
-                        n.payload for n in conn.notifies(timeout=max(0.0, timeout), stop_after=1)
-                    }
-                    runs.update(n.payload for n in conn.notifies(timeout=0.0))
-                return runs
+                got = self._pending | {wanted[c] for c in new}
+                self._pending = set()
+                got.update(n.payload for n in conn.notifies(timeout=0.0))
+                if not got and timeout > 0:
+                    self._sleep(conn, timeout)
+                    got.update(n.payload for n in conn.notifies(timeout=0.0))
+                return got & set(runs)
             except psycopg.Error as exc:
                 self._listening = None
                 raise self._db.unavailable(exc) from None
+
+    def nudge(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe: it is nudged already
+            os.write(self._wake_pipe()[1], b"!")
+
+    def _wake_pipe(self) -> tuple[int, int]:
+        with self._wake_lock:
+            if self._wake is None:
+                r, w = os.pipe()
+                os.set_blocking(r, False)
+                os.set_blocking(w, False)
+                self._wake = (r, w)
+            return self._wake
+
+    def _sleep(self, conn: Any, timeout: float) -> None:
+        """Until the listening connection has something to read, a nudge, or ``timeout``.
+        (What libpq had buffered was taken by the ``notifies`` just before: nothing runs
+        on this connection in between.)"""
+        woke, _, _ = select.select([conn.fileno(), self._wake_pipe()[0]], [], [], timeout)
+        if self._wake_pipe()[0] in woke:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._wake_pipe()[0], 4096):
+                    pass
+
+
+def channel_of(schema: str, run: str) -> str:
+    """The NOTIFY channel of one run's events in ``schema``: an identifier (at most 63
+    bytes) of its own, whatever the run's name; channels are database-wide, so the schema
+    is part of it."""
+    digest = hashlib.sha256(f"{schema}\0{run}".encode()).hexdigest()[:40]
+    return f"flower_{digest}"
 
 
 class PostgresWorkerRows:
