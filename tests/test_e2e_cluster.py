@@ -1313,7 +1313,7 @@ def test_ctrl_c_twice_stops_b_on_its_worker_and_the_next_run_continues_it_in_pla
     assert {r.session_id for r in b} == {sid}, "B did not continue its own session"
     assert (f.ws / "b-ran.txt").read_text().splitlines() == [runner.name]
     rows = c.db.rows("B")
-    assert [(r["ok"], r["attempts"]) for r in rows] == [(True, 1)], rows
+    assert [(r["ok"], r["attempts"]) for r in rows] == [(True, 1)], (rows, out + c.logs_text())
     assert "~ " not in out, "the stopped attempt was attached to and shown failing"
     assert len([i for i in activity_ids(c.target, c.queue) if "/B/" in i]) == 2
     for w in c.workers:

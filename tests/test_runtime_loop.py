@@ -394,6 +394,41 @@ def test_an_interrupt_waits_for_the_reply(make):
     assert rt.calls[1].prompt == f"晚到的一句\n\n{Runtime.INTERRUPT_NOTE}"
 
 
+def test_an_interrupted_attempt_is_off_record_while_the_person_is_asked(make):
+    # A cluster's attempt stays on record once it returned (a supervisor killed before the
+    # step's row finds it and takes its result again). An interrupted one is taken: stopped
+    # now (Ctrl-C twice), the next start resumes the session in an attempt of its own
+    # instead of taking the interruption again and counting a second attempt.
+    placed: list[tuple[str, Any]] = []
+    at_reply: list[list[tuple[str, Any]]] = []
+
+    async def interrupted(rt: Scripted) -> StepResult:
+        await rt.request_interrupt(None)
+
+        def reply() -> None:
+            at_reply.append(list(placed))
+            rt.reply("接着来")
+
+        asyncio.get_running_loop().call_later(0.05, reply)
+        return fail("s1", "aborted")
+
+    async def on_record(rt: Scripted) -> StepResult:
+        return ok("s1")
+
+    rt = make([interrupted, on_record])
+    original = rt.script.attempt
+
+    async def attempt(call: StepCall, seat: Seat, watch: Watch) -> StepResult:
+        watch.on_placed({"id": f"a{len(rt.calls) + 1}"})
+        return await original(call, seat, watch)
+
+    rt.script.attempt = attempt  # type: ignore[method-assign]
+    rt._placed = lambda label, where: placed.append((label, where))  # type: ignore[method-assign]
+    res = run(rt)
+    assert res.ok and res.attempts == 1
+    assert at_reply == [[("s", {"id": "a1"}), ("s", None)]]
+
+
 @pytest.mark.timeout(10)  # a lost reply would leave the loop waiting for it for 600 s
 def test_a_reply_that_arrives_before_its_interrupt_is_kept(make):
     # The step child reads "interrupt" and "answer" off its pipe in one go: the answer is

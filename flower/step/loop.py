@@ -198,6 +198,10 @@ class StepLoop:
             if out.ok:
                 return out
             if out.error == INTERRUPTED:
+                # Its result is taken: a supervisor stopped while the person is asked (Ctrl-C
+                # twice) leaves no attempt on record, so the next start resumes the session
+                # in an attempt of its own, as a run on this machine does.
+                self.hooks.on_placed(None)
                 if not await self._heard():
                     return out
             elif self._handoff_due(out):
