@@ -929,6 +929,52 @@ def test_sigterm_or_sighup_of_the_supervisor_stops_b_on_its_worker_and_the_next_
         no_tree_left(w)
 
 
+def test_sigterm_of_a_supervisor_that_had_not_heard_b_s_session_keeps_it(
+    cluster: Callable[[dict[str, Any]], Cluster],
+) -> None:
+    """The supervisor is frozen as a worker takes B, so the frame naming B's session
+    waits in PostgreSQL while B's tool call runs; SIGTERM then: lineage names B's session
+    all the same, and the next run continues it, the tool call not run again."""
+    c = cluster(abc_script(B_WAITS))
+    server, f = c.f.server, c.f
+    c.worker("W1")
+    c.worker("W2")
+    sup = c.start(ABC)
+    c.running("B")  # a worker took B ...
+    os.kill(sup.pid, signal.SIGSTOP)  # ... and the supervisor hears nothing more of it
+    try:
+        waiting_on(server, "B", 1)  # B's tool call has run, its next answer is held
+        frames = wait_until(
+            lambda: [
+                json.loads(e["line"])
+                for (e,) in c.db.query(
+                    "SELECT event FROM flower.events WHERE run LIKE %s ORDER BY pos",
+                    "attempt/%/B/%/up",
+                )
+                if '"type":"session"' in e["line"]
+            ],
+            10,
+            "B's session frame in PostgreSQL",
+        )
+        sid = frames[-1]["session_id"]
+        assert c.db.session_of("B") is None, "the frozen supervisor wrote lineage"
+        os.kill(sup.pid, signal.SIGTERM)
+    finally:
+        os.kill(sup.pid, signal.SIGCONT)
+    assert sup.wait(timeout=60) == -signal.SIGTERM
+    assert c.db.session_of("B") == sid
+    f.assert_no_survivors(within=15.0)
+
+    again = c.start(ABC)
+    out = finish(c, again)
+    assert again.returncode == 0, out + c.logs_text()
+    b = [r for r in asked(server) if r.conversation == "B"]
+    assert {r.session_id for r in b} == {sid}, "B did not continue its own session"
+    assert len((f.ws / "b-ran.txt").read_text().splitlines()) == 1, "B's tool call ran again"
+    for w in c.workers:
+        no_tree_left(w)
+
+
 WORKER_TERM_S = 6  # B's second answer waits this long: the worker is told to stop meanwhile
 
 

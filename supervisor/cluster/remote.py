@@ -781,6 +781,18 @@ class TemporalPlacement:
             self._hinted = None
         for mailbox, watch in list(self._running.values()):
             mailbox.send(down(mailbox.id), Shutdown(reason="the supervisor stopped"))
+            # Its session may have been told to the worker's child (whose tool calls then
+            # ran) while the frame naming it was on its way here: lineage names it before
+            # the attempt goes off record, or the next start would begin the step afresh.
+            try:
+                frames = mailbox.read(up(mailbox.id))
+            except Exception:  # noqa: BLE001 - the database is away
+                # It stays on record: the next start attaches to it, reads its frames (its
+                # session among them), sees it stopped and continues that session.
+                continue
+            sids = [m.session_id for m in frames if isinstance(m, Session)]
+            if sids:
+                watch.on_session(sids[-1])
             # Off the record: the next start of this flow must not attach to an attempt
             # that was told to stop (it would show it failing, then dispatch again).
             watch.on_placed(None)
