@@ -33,6 +33,7 @@ the scripted model server as the API. Three figures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import signal
@@ -40,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,7 @@ class Bench:
             self.env.pop(name, None)
         (root / "fan.py").write_text(MAP_SRC)
         self.n = 0
+        self.spent: dict[str, float] = {}
 
     # -- the cluster ---------------------------------------------------------------------
 
@@ -252,17 +255,84 @@ def busy_s() -> float:
     )
 
 
+def by_kind(root: Path) -> dict[str, float]:
+    """CPU seconds so far of the kinds of processes of the bench (everything under
+    ``root``), each with what it reaped: a worker's step children and their CLIs, and
+    PostgreSQL's backends; supervisors that ended are in this process's own ``children``
+    times."""
+    import psutil
+
+    me = psutil.Process()
+    mine = me.cpu_times()
+    out = {
+        "supervisors": mine.children_user + mine.children_system,
+        "model server": mine.user + mine.system,
+    }
+    for p in psutil.process_iter():
+        try:
+            line, t, cwd = " ".join(p.cmdline()), p.cpu_times(), p.cwd()
+        except psutil.Error:
+            continue
+        if p.pid == me.pid or str(root) not in f"{line} {cwd}":
+            continue
+        kind = next((k for k in ("worker", "postgres", "temporal", "supervisor") if k in line), "")
+        if not kind or _below_a_worker(p):
+            continue
+        key = {"worker": "workers", "supervisor": "supervisors"}.get(kind, kind)
+        spent = t.user + t.system + t.children_user + t.children_system
+        if kind in ("worker", "postgres"):  # what runs below it, not yet reaped
+            below = 0.0
+            for c in p.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    ct = c.cpu_times()
+                    below += ct.user + ct.system
+            spent += below
+            if kind == "worker":  # its step children and their CLIs, apart
+                cli = "  their CLIs"
+                out[cli] = out.get(cli, 0.0) + below + t.children_user + t.children_system
+        out[key] = out.get(key, 0.0) + spent
+    return out
+
+
+def _below_a_worker(p: Any) -> bool:
+    import psutil
+
+    try:
+        return any("worker" in " ".join(a.cmdline()) for a in p.parents())
+    except psutil.Error:
+        return True
+
+
+def count_clis(seen: set[int], done: threading.Event) -> None:
+    """The CLI processes seen until ``done`` (a look every 0.1 s: a CLI lives longer)."""
+    import psutil
+
+    while not done.wait(0.1):
+        for p in psutil.process_iter(["name"]):
+            if p.info["name"] == "claude":
+                seen.add(p.pid)
+
+
 def burst(b: Bench, cluster: Any, flows: int, steps: int) -> tuple[float, float, list[float]]:
     """``flows`` runs of the ``steps``-step flow started at once: (CPU s per step, wall s,
-    each flow's marginal steps)."""
+    each flow's marginal steps). Where the CPU went is kept in ``b.spent``."""
     name = b.flow(f"steps{steps}.py", STEPS_SRC.format(n=steps))
-    cpu, began = busy_s(), time.monotonic()
+    clis: set[int] = set()
+    done = threading.Event()
+    watching = threading.Thread(target=count_clis, args=(clis, done), daemon=True)
+    watching.start()
+    cpu, began, kinds = busy_s(), time.monotonic(), by_kind(b.root)
     started = [b.start(cluster, name, True) for _ in range(flows)]
     for _ws, proc in started:
         out, _ = proc.communicate(timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"a flow of the burst exited {proc.returncode}:\n{out[-3000:]}")
     wall, cpu = time.monotonic() - began, busy_s() - cpu
+    after = by_kind(b.root)
+    done.set()
+    watching.join()
+    b.spent = {k: (after.get(k, 0.0) - kinds.get(k, 0.0)) / (flows * steps) for k in after}
+    b.spent["CLIs per step"] = len(clis) / (flows * steps)
     marginal: list[float] = []
     for ws, _ in started:
         starts = sorted(row["started_at"] for row in b.rows(cluster, ws))
@@ -275,6 +345,7 @@ def burst(b: Bench, cluster: Any, flows: int, steps: int) -> tuple[float, float,
 def many(b: Bench, cluster: Any, flows: int, steps: int) -> list[str]:
     b.run(cluster, b.flow("steps2.py", STEPS_SRC.format(n=2)), True)  # warm
     alone = [burst(b, cluster, 1, steps) for _ in range(3)]
+    spent1 = dict(b.spent)
     say("one flow at a time")
     together = burst(b, cluster, flows, steps)
     say(f"{flows} flows at once")
@@ -292,6 +363,9 @@ def many(b: Bench, cluster: Any, flows: int, steps: int) -> list[str]:
         f"   CPU per step {ratio:.2f}x ({verdict(ratio <= MANY_GOAL)} the goal of {MANY_GOAL}x);"
         f" wall per step {wall_n / wall1:.2f}x, one more step of a flow {step_n / step1:.2f}x"
     )
+    out.append(f"   CPU s/step by process (the last single flow; {flows} at once):")
+    for k in sorted(b.spent, key=lambda k: -b.spent[k]):
+        out.append(f"     {k:<14}{spent1.get(k, 0.0):>7.2f}{b.spent[k]:>7.2f}")
     return out
 
 
