@@ -27,7 +27,10 @@ the scripted model server as the API. Three figures:
    model server) divided by the steps run: what the supervisors' mailbox pumps, the
    database's notifications and the workers spend per step, whatever the number of flows.
    The wall time per step is printed beside it (on 2 cores 50 flows queue for the CPU: a
-   wall-clock figure measures the machine, not flower).
+   wall-clock figure measures the machine, not flower), then where the CPU went (by kind
+   of process, the CLIs the workers ran apart, and how many CLIs were started per step),
+   and the floor: the bundled CLI alone, with nothing of flower's, 4 runs at a time against
+   one at a time (a busy machine makes every process dearer per unit of work).
 """
 
 from __future__ import annotations
@@ -366,7 +369,45 @@ def many(b: Bench, cluster: Any, flows: int, steps: int) -> list[str]:
     out.append(f"   CPU s/step by process (the last single flow; {flows} at once):")
     for k in sorted(b.spent, key=lambda k: -b.spent[k]):
         out.append(f"     {k:<14}{spent1.get(k, 0.0):>7.2f}{b.spent[k]:>7.2f}")
+    one, four = cli_floor(b)
+    say("the bare CLI's floor")
+    out.append(
+        f"   floor: the bare CLI alone (no flower), 4 runs at a time (as 4 one-slot workers)"
+        f" against one at a time: {four:.2f} s against {one:.2f} s of CPU a run, {four / one:.2f}x"
+    )
     return out
+
+
+def cli_floor(b: Bench, rounds: int = 2) -> tuple[float, float]:
+    """CPU seconds per run of the bundled CLI itself (``claude -p``, one text answer from
+    the model server), one at a time and 4 at a time: what running more steps at once
+    costs the machine with nothing of flower's around (the best design's floor)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flower.services.cli_env import claude_path
+
+    cwd = b.root / "floor"
+    cwd.mkdir(exist_ok=True)
+
+    def one(_: int = 0) -> None:
+        argv = [str(claude_path()), "-p", "[[bench]] floor", "--output-format", "json"]
+        done = subprocess.run(argv, env=b.env, cwd=cwd, capture_output=True, timeout=300)
+        if done.returncode != 0:
+            raise SystemExit(f"the bare CLI exited {done.returncode}: {done.stderr[-2000:]!r}")
+
+    def spent() -> float:
+        t = os.times()
+        return t.children_user + t.children_system
+
+    one()  # warm
+    per: dict[int, list[float]] = {1: [], 4: []}
+    for _ in range(rounds):
+        for at_once, runs in ((1, 12), (4, 48)):
+            before = spent()
+            with ThreadPoolExecutor(at_once) as pool:
+                list(pool.map(one, range(runs)))
+            per[at_once].append((spent() - before) / runs)
+    return statistics.median(per[1]), statistics.median(per[4])
 
 
 def asked(b: Bench, mark: str) -> list[Any]:
