@@ -275,9 +275,9 @@ class Pump:
     """This process's one reader of every mailbox it follows: a thread that sleeps on the
     database's notifications of those mailboxes and reads only the ones they name (one
     listening connection for any number of attempts; another attempt's frames neither wake
-    it nor cost a read, however many share the database). Every
-    mailbox is read again every :data:`SWEEP_S` seconds, and whenever the database cannot
-    say what changed (it was away, or a run_dir's files have no notifications)."""
+    it nor cost a read, however many share the database). Every mailbox is read again every
+    :data:`SWEEP_S` seconds, and whenever the database cannot say what changed (it was
+    away, or a run_dir's files have no notifications)."""
 
     SWEEP_S = 5.0
 
