@@ -345,6 +345,37 @@ def test_a_start_waits_for_a_server_that_is_down_then_says_it_in_one_line(
     assert str(server.port) in one_line(caught.value)
 
 
+def test_a_start_s_reads_after_the_opening_wait_for_the_server_too(
+    server: PgServer, dsn: str, tmp_path: Path
+) -> None:
+    # What a start reads between its state's opening and its run (the last run, the
+    # placement's checks): the server going away then is waited for like at the opening,
+    # one line for the block, instead of the start stopping with the error.
+    state = open_state(dsn, run_dir=tmp_path / "runs", workspace=tmp_path)
+    try:
+        state.registry.records()
+        server.down()
+        back = threading.Timer(2.0, server.up)
+        back.start()
+        said: list[str] = []
+        try:
+            with state.patient(60.0, said.append):
+                assert state.registry.records() == []
+                assert state.registry.records() == []
+        finally:
+            back.join()
+        assert len(said) == 1 and str(server.port) in said[0], said
+        # outside the block a read raises at once, as the run's own outage handling wants
+        server.down()
+        try:
+            with pytest.raises(PostgresUnavailable):
+                state.registry.records()
+        finally:
+            server.up()
+    finally:
+        state.close()
+
+
 def test_a_url_that_is_not_postgresql_is_one_line() -> None:
     with pytest.raises(StateURLError) as caught:
         PostgresState("mysql://root:hunter2@db/flower")

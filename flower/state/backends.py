@@ -22,10 +22,11 @@ Which one: ``state`` given to :func:`open_state` (``--state URL``, ``Runtime(sta
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from .._errors import FlowerError
 from ..i18n import define, t
@@ -42,7 +43,18 @@ if TYPE_CHECKING:
 
 STATE_ENV = "FLOWER_STATE"
 
-__all__ = ["STATE_ENV", "LocalState", "RunState", "Scope", "SharedState", "open_state", "state_url"]
+__all__ = [
+    "STATE_ENV",
+    "LocalState",
+    "RunState",
+    "Scope",
+    "SharedState",
+    "open_state",
+    "state_url",
+    "through_outage",
+]
+
+T = TypeVar("T")
 
 define(
     {
@@ -178,6 +190,15 @@ class RunState(Protocol):
 
     def workspaces(self) -> list[RunState]: ...
 
+    def patient(
+        self, wait_s: float, waiting: Callable[[str], None] | None = None
+    ) -> AbstractContextManager[None]:
+        """Within it, a read the state cannot answer because it cannot be reached is tried
+        again (:func:`through_outage`, one line to ``waiting`` for the block) instead of
+        raising at once: what a start reads after its state opened and before its run
+        begins (the run then waits through an outage its own way)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -210,8 +231,23 @@ def open_state(
     url = state_url(state)
     if url is None:
         return LocalState(run_dir, workspace)
+    return through_outage(
+        lambda: SharedState(url, run_dir=run_dir, workspace=workspace, create=create),
+        wait_s=wait_s,
+        waiting=waiting,
+    )
+
+
+def through_outage(
+    work: Callable[[], T], *, wait_s: float, waiting: Callable[[str], None] | None = None
+) -> T:
+    """``work()``, tried again, backing off, while the state cannot be reached (down,
+    restarting: a :class:`StateUnavailable`) for up to ``wait_s`` before that error is
+    raised; ``waiting`` gets one line saying so when the first try fails. Any other error
+    (a refused password, a missing database) is raised at once: waiting would not change
+    it."""
     if wait_s <= 0:
-        return SharedState(url, run_dir=run_dir, workspace=workspace, create=create)
+        return work()
     from tenacity import (
         RetryCallState,
         Retrying,
@@ -235,7 +271,7 @@ def open_state(
         reraise=True,
     ):
         with attempt:
-            return SharedState(url, run_dir=run_dir, workspace=workspace, create=create)
+            return work()
     raise AssertionError("unreachable: tenacity reraises the last failure")
 
 
@@ -457,6 +493,12 @@ class LocalState:
         holds whoever ran in it, so it is one."""
         return [self]
 
+    def patient(
+        self, wait_s: float, waiting: Callable[[str], None] | None = None
+    ) -> AbstractContextManager[None]:
+        """A run_dir's files are there or not: nothing to wait for."""
+        return nullcontext()
+
     def close(self) -> None:
         if self._sessions is not None:
             self._sessions.close()
@@ -645,6 +687,23 @@ class SharedState:
             )
             out.append(view)
         return out
+
+    @contextmanager
+    def patient(
+        self, wait_s: float, waiting: Callable[[str], None] | None = None
+    ) -> Iterator[None]:
+        said: list[str] = []
+
+        def once(line: str) -> None:  # one line for the block, however many reads wait
+            if not said and waiting is not None:
+                waiting(line)
+            said.append(line)
+
+        def patience(work: Callable[[], T]) -> T:
+            return through_outage(work, wait_s=wait_s, waiting=once)
+
+        with self.rows.patient(patience):
+            yield
 
     def close(self) -> None:
         if self._owns_rows:

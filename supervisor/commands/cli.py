@@ -22,7 +22,7 @@ import click.types
 from flower import FlowerError, __version__
 from flower.i18n import define, gettext_for, t
 from supervisor.commands.leaving import ended
-from supervisor.inspect.runstate import choose, looking, open_chosen, resume_line
+from supervisor.inspect.runstate import choose, looking, open_chosen, resume_line, starting
 from supervisor.run.secrets import warn_if_password_in_argv
 
 # click's own words (its gettext message ids) that a person of flower-super can meet.
@@ -541,48 +541,49 @@ def start(
             chosen, run_dir=run_dir.expanduser().absolute(), workspace=ws, create=True
         )
         warn_if_password_in_argv(state)  # once it runs: a mistake stays one line
-        remote = choose_placement(placement, ws, opened)
-        said = None
-        if flow_ref:
-            wf = load_flow(flow_ref, ask)
-            ws = workspace_dir(ws)
-            given = ask
-            ask, said = carried_words(opened, wf.name, ws.resolve(), ask, new=new)
-            if ask != given:  # a callable ATTR builds its flow from the words
+        with starting(opened):  # the database going away now is waited for
+            remote = choose_placement(placement, ws, opened)
+            said = None
+            if flow_ref:
                 wf = load_flow(flow_ref, ask)
-        else:
-            ws = workspace_dir(ws)
-            wf = starter(
-                ask,
-                ws,
-                run_dir,
-                new=new,
-                rounds=rounds,
-                timeout_s=timeout_s,
-                goal=not no_goal,
-                state=opened,
-            )
-        term = Terminal()
-        if said:
-            term.say(said)
-        args = StartArgs(
-            ask=ask,
-            workspace=ws.resolve(),
-            run_dir=run_dir.expanduser().absolute(),
-            new=new,
-            trim=not no_trim,
-            command=_resume_command(
-                flow_ref,
-                run_dir,
-                workspace,
-                _starter_options(rounds, timeout_s, no_goal),
-                chosen.carry_args() + (["--placement", placement] if placement else []),
+                ws = workspace_dir(ws)
+                given = ask
+                ask, said = carried_words(opened, wf.name, ws.resolve(), ask, new=new)
+                if ask != given:  # a callable ATTR builds its flow from the words
+                    wf = load_flow(flow_ref, ask)
+            else:
+                ws = workspace_dir(ws)
+                wf = starter(
+                    ask,
+                    ws,
+                    run_dir,
+                    new=new,
+                    rounds=rounds,
+                    timeout_s=timeout_s,
+                    goal=not no_goal,
+                    state=opened,
+                )
+            term = Terminal()
+            if said:
+                term.say(said)
+            args = StartArgs(
                 ask=ask,
-            ),
-            archive=bool(flow_ref),
-            state=opened,
-            placement=cluster_placement(remote, opened, wf, term.ask, trim=not no_trim),
-        )
+                workspace=ws.resolve(),
+                run_dir=run_dir.expanduser().absolute(),
+                new=new,
+                trim=not no_trim,
+                command=_resume_command(
+                    flow_ref,
+                    run_dir,
+                    workspace,
+                    _starter_options(rounds, timeout_s, no_goal),
+                    chosen.carry_args() + (["--placement", placement] if placement else []),
+                    ask=ask,
+                ),
+                archive=bool(flow_ref),
+                state=opened,
+                placement=cluster_placement(remote, opened, wf, term.ask, trim=not no_trim),
+            )
         code = run_start(wf, args, term)
     except FlowerError as exc:
         _fail(exc)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flower.i18n import define, t
-from supervisor.inspect.runstate import Choice, choose, open_chosen
+from supervisor.inspect.runstate import Choice, choose, open_chosen, starting
 
 CMDS = ("go", "run", "once", "setup")
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
@@ -619,64 +619,65 @@ def _go(args: argparse.Namespace) -> int:
     if args.isolate and not in_git(ws):
         raise Stop(t("cli.not_git", ws=ws))
     chosen, opened = _state(args, ws, run_dir)
-    remote = _placement(args, ws, opened)
-    _have_credentials(ws)
-    new = bool(args.new)
-    ask = args.ask
-    timeout_s = max(0.0, float(args.timeout))
-    state = wake_state(ws, run_dir=run_dir, isolate=args.isolate, state=opened)
-    waking = bool(state["waking"]) and not new
-    if ask is None:
-        # Unattended (--timeout 0) never waits at a prompt: nothing said is "carry on".
-        ask = "" if timeout_s == 0 and sys.stdin.isatty() else _read_ask(waking)
-        if ask == "/new":
-            new, waking = True, False
-            ask = _read_ask(False)
-    ask = ask.strip()
-    # Refused before any model call (the probe included): nothing to do is no request.
-    if new and not ask:
-        raise Stop(t("cli.new_needs_ask"))
-    if not ask and not waking and not (state["clarifying"] and not new):
-        raise Stop(t("cli.empty_first"))
-    _credentials_work(args)
-    if not sys.stdin.isatty() and timeout_s > 0:
-        print(t("cli.piped"), file=sys.stderr, flush=True)
-    try:
-        wf = starter(
-            ask,
-            ws,
-            run_dir,
-            new=new,
-            rounds=args.rounds,
-            timeout_s=timeout_s,
-            goal=not args.no_goal,
-            isolate=args.isolate,
-            clarify_only=args.clarify_only,
-            judge_can_run=args.judge_can_run,
-            max_asks=None if args.asks < 0 else args.asks,
-            state=opened,
-        )
-    except Exception as exc:
-        from flower import ConfigError
+    with starting(opened):  # the database going away now is waited for
+        remote = _placement(args, ws, opened)
+        _have_credentials(ws)
+        new = bool(args.new)
+        ask = args.ask
+        timeout_s = max(0.0, float(args.timeout))
+        state = wake_state(ws, run_dir=run_dir, isolate=args.isolate, state=opened)
+        waking = bool(state["waking"]) and not new
+        if ask is None:
+            # Unattended (--timeout 0) never waits at a prompt: nothing said is "carry on".
+            ask = "" if timeout_s == 0 and sys.stdin.isatty() else _read_ask(waking)
+            if ask == "/new":
+                new, waking = True, False
+                ask = _read_ask(False)
+        ask = ask.strip()
+        # Refused before any model call (the probe included): nothing to do is no request.
+        if new and not ask:
+            raise Stop(t("cli.new_needs_ask"))
+        if not ask and not waking and not (state["clarifying"] and not new):
+            raise Stop(t("cli.empty_first"))
+        _credentials_work(args)
+        if not sys.stdin.isatty() and timeout_s > 0:
+            print(t("cli.piped"), file=sys.stderr, flush=True)
+        try:
+            wf = starter(
+                ask,
+                ws,
+                run_dir,
+                new=new,
+                rounds=args.rounds,
+                timeout_s=timeout_s,
+                goal=not args.no_goal,
+                isolate=args.isolate,
+                clarify_only=args.clarify_only,
+                judge_can_run=args.judge_can_run,
+                max_asks=None if args.asks < 0 else args.asks,
+                state=opened,
+            )
+        except Exception as exc:
+            from flower import ConfigError
 
-        if isinstance(exc, ConfigError) and exc.message == NO_ASK:
-            raise Stop(t("cli.no_ask")) from None
-        if isinstance(exc, ConfigError) and exc.message == NOT_GIT.format(ws=ws):
-            raise Stop(t("cli.not_git", ws=ws)) from None
-        raise
-    term = Terminal(verbose=args.verbose)
-    start = StartArgs(
-        ask=ask,
-        workspace=ws,
-        run_dir=run_dir,
-        new=new,
-        trim=not args.no_trim,
-        command=_go_command(args, ws, run_dir) + chosen.carry_args() + _placement_args(args),
-        archive=False,
-        handoff=_handoff(args),
-        state=opened,
-        placement=cluster_placement(remote, opened, wf, term.ask, trim=not args.no_trim),
-    )
+            if isinstance(exc, ConfigError) and exc.message == NO_ASK:
+                raise Stop(t("cli.no_ask")) from None
+            if isinstance(exc, ConfigError) and exc.message == NOT_GIT.format(ws=ws):
+                raise Stop(t("cli.not_git", ws=ws)) from None
+            raise
+        term = Terminal(verbose=args.verbose)
+        start = StartArgs(
+            ask=ask,
+            workspace=ws,
+            run_dir=run_dir,
+            new=new,
+            trim=not args.no_trim,
+            command=_go_command(args, ws, run_dir) + chosen.carry_args() + _placement_args(args),
+            archive=False,
+            handoff=_handoff(args),
+            state=opened,
+            placement=cluster_placement(remote, opened, wf, term.ask, trim=not args.no_trim),
+        )
     return _after_stop(run_start(wf, start, term), term)
 
 
@@ -744,36 +745,37 @@ def _run(args: argparse.Namespace) -> int:
         _say(t("cli.verified", flow=wf.name, n=len(wf.steps)))
         return 0
     chosen, opened = _state(args, ws, run_dir)
-    remote = _placement(args, ws, opened)
-    _credentials(args, ws)
-    workbench: Any = wf.workbench
-    if workbench is None:
-        workbench = bool(args.workbench)
-    term = Terminal(verbose=args.verbose)
-    start = StartArgs(
-        ask="",
-        workspace=ws,
-        run_dir=run_dir,
-        new=False,
-        trim=bool(args.trim),
-        command=[
-            "flower",
-            "-w",
-            str(ws),
-            "-r",
-            str(run_dir),
-            *(["-W"] if args.workbench else []),
-            *(["-T"] if args.trim else []),
-            *chosen.carry_args(),
-            *_placement_args(args),
-            "run",
-            args.target,
-        ],
-        archive=False,
-        workbench=workbench,
-        state=opened,
-        placement=cluster_placement(remote, opened, wf, term.ask, trim=bool(args.trim)),
-    )
+    with starting(opened):  # the database going away now is waited for
+        remote = _placement(args, ws, opened)
+        _credentials(args, ws)
+        workbench: Any = wf.workbench
+        if workbench is None:
+            workbench = bool(args.workbench)
+        term = Terminal(verbose=args.verbose)
+        start = StartArgs(
+            ask="",
+            workspace=ws,
+            run_dir=run_dir,
+            new=False,
+            trim=bool(args.trim),
+            command=[
+                "flower",
+                "-w",
+                str(ws),
+                "-r",
+                str(run_dir),
+                *(["-W"] if args.workbench else []),
+                *(["-T"] if args.trim else []),
+                *chosen.carry_args(),
+                *_placement_args(args),
+                "run",
+                args.target,
+            ],
+            archive=False,
+            workbench=workbench,
+            state=opened,
+            placement=cluster_placement(remote, opened, wf, term.ask, trim=bool(args.trim)),
+        )
     return _after_stop(run_start(wf, start, term), term)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,14 +136,23 @@ def open_chosen(choice: Choice, *, run_dir: Path, workspace: Path, create: bool)
         workspace=workspace,
         create=create,
         wait_s=START_WAIT_S if create else 0.0,
-        waiting=_warn,
+        waiting=warn,
     )
 
 
 START_WAIT_S = 30.0
 
 
-def _warn(line: str) -> None:
+def starting(state: RunState) -> AbstractContextManager[None]:
+    """The block of a start between its state's opening and its run: what it reads there
+    (the last run, the placement's checks) waits for a database that went away as the
+    opening did (up to :data:`START_WAIT_S`, one line on stderr), instead of stopping the
+    start with its error (the run itself waits through an outage its own way)."""
+    return state.patient(START_WAIT_S, warn)
+
+
+def warn(line: str) -> None:
+    """A line a start says while it waits (``! …`` on stderr)."""
     import sys
 
     print(f"! {line}", file=sys.stderr, flush=True)

@@ -38,7 +38,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from tenacity import (
@@ -69,6 +69,15 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class Patience(Protocol):
+    """How a read outlives an outage: calls ``work`` (again, while it raises
+    :class:`StateUnavailable`) and returns what it returns."""
+
+    def __call__(self, work: Callable[[], T]) -> T: ...
+
+
 Conn = psycopg.Connection[tuple[Any, ...]]
 log = logging.getLogger("flower")
 
@@ -298,6 +307,8 @@ class Database:
         self._worker: ThreadPoolExecutor | None = None
         self._worker_lock = threading.Lock()
         self._pid = os.getpid()
+        #: How :meth:`run` outlives an outage (a start's reads: ``RunState.patient``).
+        self.patience: Patience | None = None
         _ALL.add(self)
 
     def __del__(self) -> None:
@@ -498,7 +509,13 @@ class Database:
 
     def run(self, work: Callable[[Conn], T]) -> T:
         """``work`` on this process's connection, after this process's spooled writes (so a
-        process reads its own writes). Raises :class:`PostgresUnavailable` in an outage."""
+        process reads its own writes). Raises :class:`PostgresUnavailable` in an outage
+        (through :attr:`patience` first, when one is set)."""
+        if self.patience is not None:
+            return self.patience(lambda: self._run(work))
+        return self._run(work)
+
+    def _run(self, work: Callable[[Conn], T]) -> T:
         with self.lock:
             conn = self._connection()
             try:

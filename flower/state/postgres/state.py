@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .db import Database
+from .db import Database, Patience
 from .rows import (
     PostgresCacheRows,
     PostgresEventRows,
@@ -59,6 +61,15 @@ class PostgresState:
 
     def __repr__(self) -> str:
         return f"PostgresState({self.where!r})"
+
+    @contextlib.contextmanager
+    def patient(self, patience: Patience) -> Iterator[None]:
+        """Reads of this process (:meth:`Database.run`) go through ``patience`` within."""
+        before, self._db.patience = self._db.patience, patience
+        try:
+            yield
+        finally:
+            self._db.patience = before
 
     @property
     def sessions(self) -> PostgresSessionStore:
