@@ -68,3 +68,32 @@ def test_temporal_killed_and_back_mid_step_is_waited_for_and_the_run_ends_0(
     assert (f.ws / "b-ran.txt").read_text().splitlines() == ["ran"], "B's tool call ran again"
     placed_c = [r for r in f.server.requests if r.conversation == "C"]
     assert len(placed_c) == 1, "C did not run once after the outage"
+
+
+def test_a_start_while_the_workers_service_restarts_waits_for_it_and_runs(
+    model_server: Callable[..., ModelServer],
+    flower_env: Callable[..., Flower],
+    own_temporal: TemporalServer,
+    temporal_queue: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """The front door refuses an address where nothing answers at once (a typo must be one
+    line within seconds), but the service this queue's workers reported being on a moment
+    ago is restarting: the start says so in one ``!`` line, waits, and the run goes on."""
+    f = flower_env(model_server(abc_script([{"text": "B done."}])))
+    c = Cluster(f, own_temporal.target, temporal_queue, pg_dsn, tmp_path / "workers")
+    try:
+        c.worker("W1")
+        own_temporal.down()
+        sup = c.start(ABC)
+        time.sleep(3.0)  # how long it is away is what is tested, not a wait for an event
+        own_temporal.up()
+        out = finish(c, sup, timeout=180)
+    finally:
+        c.stop()
+    assert sup.returncode == 0, out + c.logs_text()
+    marks = [line for line in out.splitlines() if line.startswith("!")]
+    assert len(marks) == 1 and "Temporal" in marks[0] and "worker" in marks[0], out
+    assert "flower bug" not in out and "WARN" not in out, out
+    assert [r.conversation for r in f.server.requests if r.conversation] == ["A", "B", "C"]

@@ -83,6 +83,11 @@ log = logging.getLogger("flower.supervisor")
 
 define(
     {
+        "remote.waiting": (
+            "{error};这个队列的 worker {ago} 秒前还连着它,最多再等它 {seconds} 秒(Ctrl-C 停止)",
+            "{error}; this queue's workers were on it {ago} s ago: waiting up to {seconds} s "
+            "for it to come back (Ctrl-C to stop)",
+        ),
         "remote.no_recipe": (
             "这个流程没法放到集群上跑:worker 不知道怎么重建它",
             "this flow cannot run on a cluster: a worker would not know how to build it",
@@ -413,8 +418,55 @@ def choose_placement(given: str | None, workspace: Path, state: RunState) -> str
         return None
     where = Where.parse(url)
     _shared_state(state)
-    check(settings_for(where))
+    found = settings_for(where)
+    try:
+        check(found)
+    except TemporalUnreachable as exc:
+        ago = _workers_were_on(state, where.queue, found.describe())
+        if ago is None:
+            raise  # nobody was ever seen there: a wrong address, said at once
+        _back_soon(found, exc, ago)
     return str(where)
+
+
+#: How long ago a worker of the queue last reported being on the service for a start to
+#: take the service's silence for a restart and wait for it.
+KNOWN_S = 600.0
+
+
+def _workers_were_on(state: RunState, queue: str, target: str) -> float | None:
+    """How many seconds ago a worker of ``queue`` on ``target`` (the service as
+    ``Settings.describe`` names it: address, namespace, TLS) last reported (its row in the
+    state: ``flower-super workers``), when within :data:`KNOWN_S`; None otherwise."""
+    try:
+        rows = state.workers.rows(queue)
+    except Exception:  # noqa: BLE001 - cannot say: the address is as good as unknown
+        return None
+    ago = [
+        float(r["now"]) - float(r["heartbeat_at"])
+        for r in rows
+        if r.get("target") == target and r.get("heartbeat_at") is not None
+    ]
+    return min(ago) if ago and min(ago) <= KNOWN_S else None
+
+
+def _back_soon(found: Any, first: TemporalUnreachable, ago: float) -> None:
+    """The service this queue's workers were on does not answer: a restart, as a
+    database's is (a start waits for one up to the same :data:`START_WAIT_S`), one line
+    saying so; then the check again until it passes, or its last error."""
+    from supervisor.inspect.runstate import START_WAIT_S, warn
+
+    warn(t("remote.waiting", error=first.message, ago=round(ago), seconds=round(START_WAIT_S)))
+    deadline, pause = time.monotonic() + START_WAIT_S, 0.5
+    while True:
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        try:
+            check(found)
+            return
+        except TemporalUnreachable:
+            if time.monotonic() >= deadline:
+                raise
+        pause = min(pause * 2, 2.0)
 
 
 def cluster_placement(
