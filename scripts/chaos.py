@@ -1,7 +1,7 @@
 """A seeded kill campaign: random faults at random moments of multi-step flows, checked.
 
     .venv/bin/python scripts/chaos.py [--faults 40] [--seed 1] [--backends local,postgres]
-        [--steps 3] [--per-flow 3] [--jobs 1] [--dsn URL] [--json FILE] [--progress]
+        [--steps 3] [--per-flow 3] [--jobs 1] [--dsn URL] [--json FILE] [--progress] [--keep]
 
 The real ``flower-super start`` (as a person runs it), the real CLI, the project's scripted
 model server, real processes and signals. Each flow has ``--steps`` steps; every step makes
@@ -131,6 +131,7 @@ class Fault:
     moment: str = ""
     at_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    job: int = 0  # --jobs: the campaign it ran in (1..N)
 
 
 @dataclass
@@ -546,6 +547,8 @@ def side_by_side(args: argparse.Namespace) -> int:
             argv += ["--dsn", args.dsn]
         if args.progress:
             argv.append("--progress")
+        if args.keep:
+            argv.append("--keep")
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
     try:
         for proc in procs:
@@ -562,8 +565,9 @@ def side_by_side(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError):
             tally.problems.append(f"job {i + 1} left no report")
             continue
-        tally.faults += [Fault(**f) for f in part.pop("faults")]
-        tally.problems += part.pop("problems")
+        # which job a flow ran in (each numbers its flows from 0): "2:cluster-21"
+        tally.faults += [Fault(**{**f, "job": i + 1}) for f in part.pop("faults")]
+        tally.problems += [f"job {i + 1}: {p}" for p in part.pop("problems")]
         for name, value in part.items():
             setattr(tally, name, getattr(tally, name) + value)
     shutil.rmtree(parts, ignore_errors=True)
@@ -716,6 +720,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write every fault and its outcome here")
     ap.add_argument("--progress", action="store_true", help="one line on stderr per flow")
     ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the campaign's directory (workspaces, workers' logs) to look into",
+    )
+    ap.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -784,7 +793,10 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(
                 json.dumps({"tally": asdict(tally)}, indent=1, default=str), encoding="utf-8"
             )
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            print(f"chaos: kept {root}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     report(tally, args, took)
     return 0 if ok(tally) else 1
 
