@@ -574,7 +574,7 @@ class Attempts:
         ok = False
         try:
             result, retire = await self._attempt(
-                call, seat, mailbox, order.id, interrupted, prepared
+                call, seat, mailbox, order.id, interrupted, prepared, state
             )
             ok = result.ok
             try:
@@ -606,6 +606,7 @@ class Attempts:
         activity_id: str,
         interrupted: list[bool],
         prepared: Any = None,
+        state: RunState | None = None,
     ) -> tuple[StepResult, Callable[[], Awaitable[None]]]:
         """Run ``call`` in a forked child, relaying both ways; ``interrupted`` gets an entry
         when the supervisor's interrupt reached the child. Returns its result as soon as the
@@ -628,7 +629,14 @@ class Attempts:
             finally:
                 answers.pop(question.id, None)
 
-        forked = Forked(relay=relay, siblings=self.step_children)
+        async def stored() -> None:
+            # A frame kept in this worker's spool (the database is away) is on no other
+            # machine: a takeover elsewhere would not find the session it names.
+            if state is not None:
+                while not await asyncio.to_thread(state.settle, 2.0):
+                    pass
+
+        forked = Forked(relay=relay, siblings=self.step_children, stored=stored)
         if prepared is not None:  # its CLI started while the step before it ran
             forked.adopt(prepared)
         self.forks.add(forked)

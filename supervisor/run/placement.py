@@ -325,8 +325,15 @@ class Forked:
         ask: Callable[[Ask], Awaitable[str | None]] | None = None,
         relay: Callable[[Ask], Awaitable[str | None]] | None = None,
         siblings: Callable[[], set[int]] | None = None,
+        stored: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.procs = procs
+        # A worker's: what a new session's frame waits for before the child's tool calls may
+        # run (``Kept``): the frame in the shared state, not in this machine's spool during
+        # an outage, since the attempt's next try may run on another machine and must find
+        # the session to continue it (here, lineage written before ``Kept`` is enough: the
+        # next run on this machine delivers the spool before it reads).
+        self.stored = stored
         # The live step children of the other placements in this process (a worker runs
         # one per slot): orphans are swept around them, never through them.
         self.siblings = siblings
@@ -421,7 +428,10 @@ class Forked:
                 writes.add(item.session_id)
                 self._writing_now(item.session_id)
             watch.on_session(item.session_id)  # lineage is written before this returns
-            child.send(Kept(session_id=item.session_id))  # its first tool call may run now
+            if self.stored is None:
+                child.send(Kept(session_id=item.session_id))  # its first tool call may run now
+            else:
+                self._kept_once_stored(child, item.session_id, self.stored)
         elif isinstance(item, EventMsg):
             watch.on_event(event_of(item))
         elif isinstance(item, Ask):
@@ -429,6 +439,20 @@ class Forked:
         else:
             return f"unexpected message from step child: {type(item).__name__}"
         return ""
+
+    def _kept_once_stored(
+        self, child: ChildHandle, sid: str, stored: Callable[[], Awaitable[None]]
+    ) -> None:
+        """``Kept`` once ``stored`` says the session's frame is where any machine finds it
+        (the child's frames keep being read meanwhile)."""
+
+        async def kept() -> None:
+            await stored()
+            child.send(Kept(session_id=sid))
+
+        task = asyncio.get_running_loop().create_task(kept())
+        child.asking.add(task)
+        task.add_done_callback(child.asking.discard)
 
     def _answer(self, child: ChildHandle, question: Ask) -> None:
         """Put the question to the person while the child's frames keep being read."""
