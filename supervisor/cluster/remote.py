@@ -401,7 +401,14 @@ def leave(code: int) -> int:
 PLACEMENT_ENV = "FLOWER_PLACEMENT"
 
 
-def choose_placement(given: str | None, workspace: Path, state: RunState) -> str | None:
+def choose_placement(
+    given: str | None,
+    workspace: Path,
+    state: RunState,
+    *,
+    wait_s: float = 0.0,
+    waiting: Callable[[str], None] | None = None,
+) -> str | None:
     """Where this start places its attempts: ``--placement`` as given, else
     ``FLOWER_PLACEMENT`` as a start in ``workspace`` finds it (the environment, then the
     ``.env`` files of the credentials lookup order); None: forked children here.
@@ -410,7 +417,8 @@ def choose_placement(given: str | None, workspace: Path, state: RunState) -> str
     that is not ``temporal://HOST:PORT/QUEUE``, a cluster with the run state in local files,
     a Temporal service that cannot be reached (TLS or credentials refused included) and a
     namespace it does not have are each one line with a hint
-    (:mod:`flower.services.temporal_client`)."""
+    (:mod:`flower.services.temporal_client`), except a service this queue's workers were
+    on a moment ago: a restart, waited for up to ``wait_s`` (one line to ``waiting``)."""
     from flower.people.credentials import lookup
 
     url = (given if given is not None else lookup(PLACEMENT_ENV, workspace) or "").strip()
@@ -423,9 +431,9 @@ def choose_placement(given: str | None, workspace: Path, state: RunState) -> str
         check(found)
     except TemporalUnreachable as exc:
         ago = _workers_were_on(state, where.queue, found.describe())
-        if ago is None:
+        if ago is None or wait_s <= 0:
             raise  # nobody was ever seen there: a wrong address, said at once
-        _back_soon(found, exc, ago)
+        _back_soon(found, exc, ago, wait_s, waiting)
     return str(where)
 
 
@@ -450,14 +458,19 @@ def _workers_were_on(state: RunState, queue: str, target: str) -> float | None:
     return min(ago) if ago and min(ago) <= KNOWN_S else None
 
 
-def _back_soon(found: Any, first: TemporalUnreachable, ago: float) -> None:
+def _back_soon(
+    found: Any,
+    first: TemporalUnreachable,
+    ago: float,
+    wait_s: float,
+    waiting: Callable[[str], None] | None,
+) -> None:
     """The service this queue's workers were on does not answer: a restart, as a
-    database's is (a start waits for one up to the same :data:`START_WAIT_S`), one line
-    saying so; then the check again until it passes, or its last error."""
-    from supervisor.inspect.runstate import START_WAIT_S, warn
-
-    warn(t("remote.waiting", error=first.message, ago=round(ago), seconds=round(START_WAIT_S)))
-    deadline, pause = time.monotonic() + START_WAIT_S, 0.5
+    database's is (a start waits for one as long), one line saying so; then the check
+    again until it passes, or its last error after ``wait_s``."""
+    if waiting is not None:
+        waiting(t("remote.waiting", error=first.message, ago=round(ago), seconds=round(wait_s)))
+    deadline, pause = time.monotonic() + wait_s, 0.5
     while True:
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         try:

@@ -22,7 +22,15 @@ import click.types
 from flower import FlowerError, __version__
 from flower.i18n import define, gettext_for, t
 from supervisor.commands.leaving import ended
-from supervisor.inspect.runstate import choose, looking, open_chosen, resume_line, starting
+from supervisor.inspect.runstate import (
+    START_WAIT_S,
+    choose,
+    looking,
+    open_chosen,
+    resume_line,
+    starting,
+    warn,
+)
 from supervisor.run.secrets import warn_if_password_in_argv
 
 # click's own words (its gettext message ids) that a person of flower-super can meet.
@@ -542,7 +550,7 @@ def start(
         )
         warn_if_password_in_argv(state)  # once it runs: a mistake stays one line
         with starting(opened):  # the database going away now is waited for
-            remote = choose_placement(placement, ws, opened)
+            remote = choose_placement(placement, ws, opened, wait_s=START_WAIT_S, waiting=warn)
             said = None
             if flow_ref:
                 wf = load_flow(flow_ref, ask)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flower.i18n import define, t
-from supervisor.inspect.runstate import Choice, choose, open_chosen, starting
+from supervisor.inspect.runstate import START_WAIT_S, Choice, choose, open_chosen, starting, warn
 
 CMDS = ("go", "run", "once", "setup")
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
@@ -521,7 +521,8 @@ def _placement(args: argparse.Namespace, workspace: Path, opened: Any) -> str | 
     forked children here; checked before anything runs."""
     from supervisor.cluster.remote import choose_placement
 
-    return choose_placement(getattr(args, "placement", None), workspace, opened)
+    given = getattr(args, "placement", None)
+    return choose_placement(given, workspace, opened, wait_s=START_WAIT_S, waiting=warn)
 
 
 def _placement_args(args: argparse.Namespace) -> list[str]:
