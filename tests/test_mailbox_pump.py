@@ -114,3 +114,44 @@ def test_another_attempts_frames_do_not_wake_the_pump(pg_dsn: str, tmp_path: Pat
     # its own half-second timeouts (and a sweep), never a wake per frame of the others
     assert woke <= took / 0.5 + 3, (woke, took)
     assert not any(k.startswith("box/other") for k in rows.reads), rows.reads
+
+
+def test_an_idle_pump_sleeps_until_something_comes(pg_dsn: str, tmp_path: Path) -> None:
+    """Fifty supervisors wait in a queue for four workers: a pump whose mailboxes are quiet
+    must not wake on a timer of its own between two sweeps (a wake costs each of them CPU
+    all the while), yet it delivers at once what comes, and close() ends its thread now."""
+    import time
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    writer = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
+    reader = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
+    rows = Counting(reader.mailboxes)
+    pump = Pump(rows)
+
+    async def main() -> tuple[int, float]:
+        mine = pump.subscribe("box/idle", 0)
+        writer.mailboxes.append("box/idle", {"line": "i0"})
+        assert await asyncio.wait_for(mine.get(), 10.0) == ["i0"]
+        await asyncio.sleep(0.6)  # the pump has settled on listening (its first look is blind)
+        wakes = rows.wakes
+        await asyncio.sleep(2.0)  # nothing comes
+        idle = rows.wakes - wakes
+        began = time.monotonic()
+        writer.mailboxes.append("box/idle", {"line": "i1"})
+        assert await asyncio.wait_for(mine.get(), 10.0) == ["i1"]
+        return idle, time.monotonic() - began
+
+    try:
+        idle, took = asyncio.run(main())
+        thread = pump._thread
+        pump.close()
+        assert thread is not None
+        thread.join(2.0)
+        assert not thread.is_alive()  # woken by close(), not at the end of its sleep
+    finally:
+        pump.close()
+        writer.close()
+        reader.close()
+    assert idle <= 1, idle  # at most the sweep's own wake; half-second timers would give 4
+    assert took < 2.0, took  # a notification still wakes it at once
