@@ -258,11 +258,12 @@ def busy_s() -> float:
     )
 
 
-def by_kind(root: Path) -> dict[str, float]:
-    """CPU seconds so far of the kinds of processes of the bench (everything under
-    ``root``), each with what it reaped: a worker's step children and their CLIs, and
-    PostgreSQL's backends; supervisors that ended are in this process's own ``children``
-    times."""
+def by_kind(places: list[str]) -> dict[str, float]:
+    """CPU seconds so far of the kinds of processes of the bench (everything whose command
+    line or directory is under one of ``places``: the bench's root and the cluster's
+    PostgreSQL, whose data a root user's server keeps under /tmp), each with what it
+    reaped: a worker's step children and their CLIs, and PostgreSQL's backends; supervisors
+    that ended are in this process's own ``children`` times."""
     import psutil
 
     me = psutil.Process()
@@ -276,7 +277,7 @@ def by_kind(root: Path) -> dict[str, float]:
             line, t, cwd = " ".join(p.cmdline()), p.cpu_times(), p.cwd()
         except psutil.Error:
             continue
-        if p.pid == me.pid or str(root) not in f"{line} {cwd}":
+        if p.pid == me.pid or not any(place in f"{line} {cwd}" for place in places):
             continue
         kind = next((k for k in ("worker", "postgres", "temporal", "supervisor") if k in line), "")
         if not kind or _below_a_worker(p):
@@ -324,17 +325,20 @@ def burst(b: Bench, cluster: Any, flows: int, steps: int) -> tuple[float, float,
     done = threading.Event()
     watching = threading.Thread(target=count_clis, args=(clis, done), daemon=True)
     watching.start()
-    cpu, began, kinds = busy_s(), time.monotonic(), by_kind(b.root)
+    places = [str(b.root), cluster.pg_dir]
+    cpu, began, kinds = busy_s(), time.monotonic(), by_kind(places)
     started = [b.start(cluster, name, True) for _ in range(flows)]
     for _ws, proc in started:
         out, _ = proc.communicate(timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"a flow of the burst exited {proc.returncode}:\n{out[-3000:]}")
     wall, cpu = time.monotonic() - began, busy_s() - cpu
-    after = by_kind(b.root)
+    after = by_kind(places)
     done.set()
     watching.join()
     b.spent = {k: (after.get(k, 0.0) - kinds.get(k, 0.0)) / (flows * steps) for k in after}
+    named = sum(v for k, v in b.spent.items() if not k.startswith(" "))
+    b.spent["the rest"] = cpu / (flows * steps) - named  # the kernel's threads, the bench's
     b.spent["CLIs per step"] = len(clis) / (flows * steps)
     marginal: list[float] = []
     for ws, _ in started:
