@@ -365,6 +365,9 @@ def burst(b: Bench, cluster: Any, flows: int, steps: int) -> tuple[float, float,
 
 
 def many(b: Bench, cluster: Any, flows: int, steps: int) -> list[str]:
+    live = sum(1 for w in cluster.workers if w.running())
+    if live != len(cluster.workers):
+        raise SystemExit(f"figure 4 needs all {len(cluster.workers)} workers: {live} run")
     b.run(cluster, b.flow("steps2.py", STEPS_SRC.format(n=2)), True)  # warm
     alone = [burst(b, cluster, 1, steps) for _ in range(3)]
     spent1 = dict(b.spent)
@@ -499,6 +502,9 @@ def main() -> int:
                 for k in range(args.kills):
                     takeovers.append(takeover(b, four, k))
                     say(f"kill {k + 1}/{args.kills}")
+                # each kill took a worker for good: up again starts them (as a person would),
+                # or figure 4 would run on what the kills left (1 of 4 after 3 kills)
+                four = b.up(4)
             if "many" in only:
                 many_lines = many(b, four, args.flows, args.steps)
         finally:
