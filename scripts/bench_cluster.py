@@ -260,9 +260,8 @@ def busy_s() -> float:
 
 def settle(limit_s: float = 120.0, quiet: float = 0.1) -> None:
     """Until the machine is quiet (under ``quiet`` of a core busy over a second): what an
-    earlier figure left running (a killed worker's replacement starting, a kill's model
-    request timing out) is not charged to the next burst, the baseline least of all (seen:
-    a baseline of 0.96 CPU s a step after the takeovers, 0.76-0.81 on a fresh cluster)."""
+    earlier figure left running (workers started again after the kills, a database still
+    writing) is not charged to the next burst, the one-flow baseline least of all."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         before = busy_s()
