@@ -153,7 +153,11 @@ def seq_script() -> dict[str, Any]:
                     bash("echo one >> seq.txt", error=529, times=1),  # a 529, then the call
                     # Held twice: the first time the CLI is killed, the second interrupted.
                     bash("echo two >> seq.txt", delay=60, times=2),
-                    bash("echo three", usage=BIG),  # crosses the handoff threshold
+                    # crosses the handoff threshold; its tool is still running when the
+                    # handoff interrupts (a quick one had sometimes ended: the CLI then marks
+                    # the cut "[Request interrupted by user]", 13 bytes shorter than "… for
+                    # tool use", and the two placements' requests, so their costs, differed)
+                    bash("timeout 60 tail -f /dev/null; echo three", usage=BIG),
                     {"text": HANDOFF},  # the full session's handoff
                 ],
             ),
