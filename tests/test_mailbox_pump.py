@@ -9,6 +9,7 @@ frame of the ones it follows, in order.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -43,13 +44,27 @@ class Counting:
         self.rows.nudge()
 
 
-def test_the_pump_reads_only_the_mailboxes_that_changed(pg_dsn: str, tmp_path: Path) -> None:
+Pumped = tuple[Any, Counting, Pump]
+
+
+@pytest.fixture
+def pumped(pg_dsn: str, tmp_path: Path) -> Iterator[Pumped]:
+    """A writer's state, and a pump over another connection's mailboxes, counting."""
     ws = tmp_path / "ws"
     ws.mkdir()
     writer = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
     reader = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
-    rows = Counting(reader.mailboxes)
-    pump = Pump(rows)
+    pump = Pump(Counting(reader.mailboxes))
+    try:
+        yield writer, pump.rows, pump
+    finally:
+        pump.close()
+        writer.close()
+        reader.close()
+
+
+def test_the_pump_reads_only_the_mailboxes_that_changed(pumped: Pumped) -> None:
+    writer, rows, pump = pumped
 
     async def main() -> list[str]:
         quiet = pump.subscribe("box/quiet", 0)
@@ -63,30 +78,20 @@ def test_the_pump_reads_only_the_mailboxes_that_changed(pg_dsn: str, tmp_path: P
         assert await asyncio.wait_for(quiet.get(), 10.0) == ["q0"]
         return got
 
-    try:
-        got = asyncio.run(main())
-    finally:
-        pump.close()
-        writer.close()
-        reader.close()
+    got = asyncio.run(main())
     assert got == [f"b{i}" for i in range(40)]  # every frame, in order
     # The quiet mailbox is read when it is subscribed, when its own frame comes, and at
     # the pump's sweeps: never once per event of the busy one.
     assert rows.reads["box/quiet"] <= 4, rows.reads
 
 
-def test_another_attempts_frames_do_not_wake_the_pump(pg_dsn: str, tmp_path: Path) -> None:
+def test_another_attempts_frames_do_not_wake_the_pump(pumped: Pumped) -> None:
     """Fifty supervisors on one database each follow their own attempts: a frame of one
     must wake only the pump that follows it (a wake-up costs a process CPU, fifty times a
     frame), while a mailbox subscribed later is still listened to and delivered."""
     import time
 
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    writer = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
-    reader = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
-    rows = Counting(reader.mailboxes)
-    pump = Pump(rows)
+    writer, rows, pump = pumped
 
     async def main() -> tuple[int, float]:
         mine = pump.subscribe("box/mine", 0)
@@ -105,29 +110,19 @@ def test_another_attempts_frames_do_not_wake_the_pump(pg_dsn: str, tmp_path: Pat
         assert await asyncio.wait_for(mine.get(), 10.0) == ["m1"]
         return woke, took
 
-    try:
-        woke, took = asyncio.run(main())
-    finally:
-        pump.close()
-        writer.close()
-        reader.close()
+    woke, took = asyncio.run(main())
     # its own half-second timeouts (and a sweep), never a wake per frame of the others
     assert woke <= took / 0.5 + 3, (woke, took)
     assert not any(k.startswith("box/other") for k in rows.reads), rows.reads
 
 
-def test_an_idle_pump_sleeps_until_something_comes(pg_dsn: str, tmp_path: Path) -> None:
+def test_an_idle_pump_sleeps_until_something_comes(pumped: Pumped) -> None:
     """Fifty supervisors wait in a queue for four workers: a pump whose mailboxes are quiet
     must not wake on a timer of its own between two sweeps (a wake costs each of them CPU
     all the while), yet it delivers at once what comes, and close() ends its thread now."""
     import time
 
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    writer = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
-    reader = open_state(pg_dsn, run_dir=tmp_path / "runs", workspace=ws)
-    rows = Counting(reader.mailboxes)
-    pump = Pump(rows)
+    writer, rows, pump = pumped
 
     async def main() -> tuple[int, float]:
         mine = pump.subscribe("box/idle", 0)
@@ -142,16 +137,11 @@ def test_an_idle_pump_sleeps_until_something_comes(pg_dsn: str, tmp_path: Path) 
         assert await asyncio.wait_for(mine.get(), 10.0) == ["i1"]
         return idle, time.monotonic() - began
 
-    try:
-        idle, took = asyncio.run(main())
-        thread = pump._thread
-        pump.close()
-        assert thread is not None
-        thread.join(2.0)
-        assert not thread.is_alive()  # woken by close(), not at the end of its sleep
-    finally:
-        pump.close()
-        writer.close()
-        reader.close()
+    idle, took = asyncio.run(main())
+    thread = pump._thread
+    pump.close()
+    assert thread is not None
+    thread.join(2.0)
+    assert not thread.is_alive()  # woken by close(), not at the end of its sleep
     assert idle <= 1, idle  # at most the sweep's own wake; half-second timers would give 4
     assert took < 2.0, took  # a notification still wakes it at once
